@@ -1,0 +1,47 @@
+"""The Binding kind: one attempt of one Job on one node with specific GPUs."""
+
+from datetime import datetime
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from gctl.api import meta
+
+BindingPhase = Literal["Pending", "Running", "Exited", "Lost"]
+
+
+class BindingSpec(meta.Model):
+    """Written by the scheduler."""
+
+    job_name: str
+    job_uid: str = Field(alias="jobUID")
+    attempt: int = Field(ge=1)
+    node: str
+    gpus: list[int] = Field(default_factory=list)
+    gpu_share: float = Field(default=1.0, gt=0, le=1)
+
+
+class BindingStatus(meta.Model):
+    """Written by the node agent that runs the attempt."""
+
+    phase: BindingPhase = "Pending"
+    observed_generation: int | None = None
+    conditions: list[meta.Condition] = Field(default_factory=list)
+    pid: int | None = None
+    start_time: datetime | None = None
+    finish_time: datetime | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    log_path: str | None = None
+
+
+class Binding(meta.Resource):
+    KIND: ClassVar[str] = "Binding"
+    PLURAL: ClassVar[str] = "bindings"
+    NAMESPACED: ClassVar[bool] = True
+    ALIASES: ClassVar[tuple[str, ...]] = ("binding", "bindings")
+
+    kind: Literal["Binding"] = "Binding"
+    spec: BindingSpec
+    status: BindingStatus = Field(default_factory=BindingStatus)

@@ -1,0 +1,41 @@
+"""The Event kind: what happened to an object and why."""
+
+from datetime import datetime
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from gctl.api import meta
+
+
+class ObjectReference(meta.Model):
+    kind: str
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+
+
+class EventSpec(meta.Model):
+    involved_object: ObjectReference
+    type: Literal["Normal", "Warning"] = "Normal"
+    reason: str
+    message: str = ""
+    source: str = ""
+    count: int = Field(default=1, ge=1)
+    first_timestamp: datetime | None = None
+    last_timestamp: datetime | None = None
+
+
+class EventStatus(meta.Model):
+    pass
+
+
+class Event(meta.Resource):
+    KIND: ClassVar[str] = "Event"
+    PLURAL: ClassVar[str] = "events"
+    NAMESPACED: ClassVar[bool] = True
+    ALIASES: ClassVar[tuple[str, ...]] = ("event", "events", "ev")
+
+    kind: Literal["Event"] = "Event"
+    spec: EventSpec
+    status: EventStatus = Field(default_factory=EventStatus)

@@ -1,0 +1,142 @@
+"""The Job kind: what to run, what it needs, and where its life stands."""
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field, PlainSerializer, ValidationInfo, field_validator
+
+from gctl.api import meta, quantity
+
+JobPhase = Literal["Pending", "Scheduled", "Running", "Succeeded", "Failed"]
+FINISHED_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+# Once a Job leaves Pending these spec fields are fixed: changing them means a new run.
+IMMUTABLE_ONCE_STARTED: tuple[str, ...] = ("command", "resources", "placement")
+
+
+def _check_command(value: object) -> object:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("must not be empty")
+        if not all(isinstance(item, str) for item in value):
+            raise ValueError("must be a list of strings (quote numbers) or one shell string")
+        return value
+    raise ValueError("must be a list of strings or one string run with /bin/sh -c")
+
+
+def _check_memory(value: object) -> object:
+    quantity.parse_bytes(value)
+    return str(value) if isinstance(value, int) else value
+
+
+def _check_gpus(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number: a fraction in (0,1] or a whole number of GPUs")
+    quantity.check_gpus(float(value))
+    return value
+
+
+Command = Annotated[list[str] | str, BeforeValidator(_check_command)]
+MemoryQuantity = Annotated[str, BeforeValidator(_check_memory)]
+GPUCount = Annotated[
+    float,
+    BeforeValidator(_check_gpus),
+    PlainSerializer(lambda value: int(value) if value == int(value) else value),
+]
+
+
+class Resources(meta.Model):
+    gpus: GPUCount = 1
+    gpu_memory: MemoryQuantity | None = None
+    gpu_model: str | None = Field(default=None, min_length=1)
+
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory is None else quantity.parse_bytes(self.gpu_memory)
+
+
+class Placement(meta.Model):
+    """Pinning: run on this node and/or these GPU indices."""
+
+    node: meta.DNSSubdomain | None = None
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is not None and len(set(gpus)) != len(gpus):
+            raise ValueError("lists a GPU index twice")
+        return gpus
+
+
+class JobSpec(meta.Model):
+    command: Command
+    working_dir: str | None = None
+    env: dict[meta.EnvName, str] = Field(default_factory=dict)
+    conda_env: str | None = Field(default=None, min_length=1)
+    resources: Resources = Field(default_factory=Resources)
+    pool: meta.DNSSubdomain | None = None
+    priority: int = Field(default=0, ge=-(10**9), le=10**9)
+    placement: Placement | None = None
+    backoff_limit: int = Field(default=0, ge=0, le=1000)
+    active_deadline_seconds: int | None = Field(default=None, gt=0)
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    depends_on: list[meta.DNSLabel] = Field(default_factory=list)
+    suspend: bool = False
+    gpu_env: meta.EnvName = "CUDA_VISIBLE_DEVICES"
+
+    @field_validator("placement")
+    @classmethod
+    def _pinned_gpus_match_request(
+        cls, placement: Placement | None, info: ValidationInfo
+    ) -> Placement | None:
+        resources = info.data.get("resources")
+        if placement is None or placement.gpus is None or not isinstance(resources, Resources):
+            return placement
+        wanted = 1 if 0 < resources.gpus < 1 else int(resources.gpus)
+        if len(placement.gpus) != wanted:
+            raise ValueError(
+                f"gpus lists {len(placement.gpus)} GPU(s) but resources.gpus asks for "
+                f"{quantity.format_gpus(resources.gpus)}: list exactly {wanted}"
+            )
+        return placement
+
+    @field_validator("depends_on")
+    @classmethod
+    def _distinct_dependencies(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError("names a Job twice")
+        return names
+
+
+class JobStatus(meta.Model):
+    phase: JobPhase = "Pending"
+    observed_generation: int | None = None
+    conditions: list[meta.Condition] = Field(default_factory=list)
+    attempts: int = 0
+    node: str | None = None
+    gpus: list[int] | None = None
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class Job(meta.Resource):
+    KIND: ClassVar[str] = "Job"
+    PLURAL: ClassVar[str] = "jobs"
+    NAMESPACED: ClassVar[bool] = True
+    ALIASES: ClassVar[tuple[str, ...]] = ("job", "jobs")
+
+    kind: Literal["Job"] = "Job"
+    spec: JobSpec
+    status: JobStatus = Field(default_factory=JobStatus)
+
+
+def has_started(status: dict[str, Any]) -> bool:
+    """A Job has started once it left Pending or made an attempt."""
+    return status.get("phase", "Pending") != "Pending" or int(status.get("attempts", 0)) > 0

@@ -1,0 +1,234 @@
+"""Reading manifests: YAML/JSON files, directories and stdin into validated objects.
+
+Every failure is an `errors.Invalid` whose message is one line naming the file, the document,
+the object and the field path, so the CLI can print it as it is.
+"""
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from gctl.api import errors, kinds, meta
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+STDIN = "-"
+
+
+@dataclass(frozen=True)
+class Source:
+    file: str
+    document: int  # 1-based, as a person counts documents in a file
+
+    def __str__(self) -> str:
+        return f"{self.file}: document {self.document}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: Source
+    obj: meta.Resource
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """A safe loader that refuses a key given twice in one mapping, as Kubernetes does."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", mark
+                )
+            seen.add(key)
+        result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return result
+
+
+def read_sources(
+    paths: list[str], recursive: bool, stdin_text: str | None = None
+) -> list[tuple[str, str]]:
+    """Return (display name, text) for each file the paths name, in a stable order."""
+    found: list[tuple[str, str]] = []
+    for path in paths:
+        if path == STDIN:
+            text = stdin_text if stdin_text is not None else _read_stdin()
+            found.append(("<stdin>", text))
+            continue
+        target = Path(path)
+        if target.is_dir():
+            files = sorted(_manifest_files(target, recursive))
+            if not files:
+                where = "or below it" if recursive else "(add -R to look in subdirectories)"
+                raise errors.Invalid(f"{path}: no .yaml, .yml or .json files in it {where}")
+            found.extend((str(file), _read_file(file)) for file in files)
+        elif target.exists():
+            found.append((path, _read_file(target)))
+        else:
+            raise errors.Invalid(f"{path}: no such file or directory")
+    return found
+
+
+def _read_stdin() -> str:
+    import sys
+
+    return sys.stdin.read()
+
+
+def _read_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.Invalid(f"{path}: cannot read: {exc}") from None
+
+
+def _manifest_files(root: Path, recursive: bool) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if recursive else []
+        for filename in filenames:
+            if filename.endswith(MANIFEST_SUFFIXES) and not filename.startswith("."):
+                yield Path(dirpath) / filename
+
+
+def parse(file: str, text: str) -> list[Manifest]:
+    """Parse and validate every document of one file."""
+    manifests: list[Manifest] = []
+    documents = yaml.load_all(text, Loader=_Loader)
+    index = 0
+    while True:
+        try:
+            document = next(documents)
+        except StopIteration:
+            break
+        except yaml.YAMLError as exc:
+            raise errors.Invalid(f"{file}: document {index + 1}: {_yaml_problem(exc)}") from None
+        index += 1
+        if document is None:
+            continue
+        source = Source(file, index)
+        manifests.extend(_objects(source, document))
+    return manifests
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {exc.problem}"
+    return f"invalid YAML: {exc}"
+
+
+def _objects(source: Source, document: object) -> Iterator[Manifest]:
+    if not isinstance(document, dict):
+        raise errors.Invalid(
+            f"{source}: expected a mapping with apiVersion, kind, metadata and spec, "
+            f"found {type(document).__name__}"
+        )
+    if document.get("kind") == "List" and isinstance(document.get("items"), list):
+        for position, item in enumerate(document["items"]):
+            if not isinstance(item, dict):
+                raise errors.Invalid(f"{source}: items[{position}]: expected a mapping")
+            yield Manifest(source, _validate(source, item, f"items[{position}]."))
+        return
+    yield Manifest(source, _validate(source, document, ""))
+
+
+def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Resource:
+    what = _describe(document)
+    where = f"{source} ({what})" if what else str(source)
+    api_version = document.get("apiVersion")
+    if api_version != meta.API_VERSION:
+        found = "is missing" if api_version is None else f"is {api_version!r}"
+        raise errors.Invalid(f"{where}: {prefix}apiVersion {found}: use {meta.API_VERSION}")
+    kind = document.get("kind")
+    if kind not in kinds.APPLIABLE:
+        known = ", ".join(sorted(kinds.APPLIABLE))
+        found = "is missing" if kind is None else f"{kind!r} is not a kind you can apply"
+        raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
+    cls = kinds.BY_KIND[kind]
+    body = {key: value for key, value in document.items() if key != "status"}
+    try:
+        obj = cls.model_validate(body, by_alias=True, by_name=False)
+    except pydantic.ValidationError as exc:
+        raise errors.Invalid(f"{where}: {_first_error(exc, prefix)}") from None
+    name_check = meta.check_dns_label if cls.NAMESPACED else meta.check_dns_subdomain
+    try:
+        name_check(obj.metadata.name)
+        if obj.metadata.namespace is not None:
+            meta.check_dns_label(obj.metadata.namespace)
+    except ValueError as exc:
+        field = "metadata.name" if "namespace" not in str(exc) else "metadata.namespace"
+        raise errors.Invalid(f"{where}: {prefix}{field}: {exc}") from None
+    if not cls.NAMESPACED:
+        obj.metadata.namespace = None
+    return obj
+
+
+def _describe(document: dict[str, Any]) -> str:
+    kind = document.get("kind")
+    metadata = document.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    kind_text = kind if isinstance(kind, str) else ""
+    if isinstance(name, str):
+        return f'{kind_text} "{name}"'.strip()
+    return kind_text
+
+
+_MESSAGES = {
+    "extra_forbidden": "unknown field",
+    "missing": "required field is missing",
+}
+
+
+def _first_error(exc: pydantic.ValidationError, prefix: str) -> str:
+    errs = exc.errors(include_url=False)
+    first = errs[0]
+    path = _path(first["loc"])
+    message = _MESSAGES.get(first["type"]) or _message(first["msg"])
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{prefix}{path}: {message}{more}"
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part == "[key]":
+            continue
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def _message(raw: str) -> str:
+    for prefix in ("Value error, ", "Assertion failed, "):
+        raw = raw.removeprefix(prefix)
+    return raw.replace("Input should be", "must be")
+
+
+def load(
+    paths: list[str], recursive: bool, namespace: str, stdin_text: str | None = None
+) -> list[Manifest]:
+    """Read, validate and namespace every object the paths name; refuse duplicates."""
+    manifests: list[Manifest] = []
+    for file, text in read_sources(paths, recursive, stdin_text):
+        manifests.extend(parse(file, text))
+    seen: dict[tuple[str, str, str], Source] = {}
+    for manifest in manifests:
+        obj = manifest.obj
+        if obj.NAMESPACED and obj.metadata.namespace is None:
+            obj.metadata.namespace = namespace
+        key = (obj.KIND, obj.namespace, obj.name)
+        if key in seen:
+            raise errors.Invalid(
+                f'{manifest.source} ({obj.KIND} "{obj.name}"): metadata.name: '
+                f"{obj.KIND} {obj.name!r} is already defined in {seen[key]}"
+            )
+        seen[key] = manifest.source
+    return manifests

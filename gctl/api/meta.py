@@ -1,0 +1,208 @@
+"""What every object shares: apiVersion and kind, metadata, conditions, and the name rules."""
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Final, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+API_VERSION: Final = "gctl/v1"
+DEFAULT_NAMESPACE = "default"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def check_dns_label(value: str) -> str:
+    """Names of namespaced objects and namespaces: RFC 1123 labels, like Kubernetes."""
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_dns_subdomain(value: str) -> str:
+    """Names of nodes and other cluster objects: RFC 1123 subdomains (dots allowed)."""
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_label_key(key: str) -> str:
+    prefix, _, name = key.rpartition("/")
+    if prefix:
+        check_dns_subdomain(prefix)
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        raise ValueError(f"label key {key!r} is not valid: at most 63 of [A-Za-z0-9-_.]")
+    return key
+
+
+def check_label_value(value: str) -> str:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"label value {value!r} is not valid: at most 63 of [A-Za-z0-9-_.]")
+    return value
+
+
+def check_env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid environment variable name")
+    return value
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        check_label_key(key)
+        check_label_value(value)
+    return labels
+
+
+DNSLabel = Annotated[str, AfterValidator(check_dns_label)]
+DNSSubdomain = Annotated[str, AfterValidator(check_dns_subdomain)]
+EnvName = Annotated[str, AfterValidator(check_env_name)]
+Labels = Annotated[dict[str, str], AfterValidator(_check_labels)]
+
+
+class Model(BaseModel):
+    """Base of every API model: camelCase on the wire, snake_case in Python, unknown fields refused.
+
+    Manifests are validated with `by_name=False`, so users must write the camelCase names.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+
+class ObjectMeta(Model):
+    name: str
+    namespace: str | None = None
+    labels: Labels = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(Model):
+    """Shaped like a Kubernetes condition; the transition time moves only when status flips."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+    observed_generation: int | None = None
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str = "",
+    *,
+    generation: int | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Set a condition in place; return whether anything changed."""
+    for index, existing in enumerate(conditions):
+        if existing.type != type_:
+            continue
+        flipped = existing.status != status
+        changed = flipped or (existing.reason, existing.message, existing.observed_generation) != (
+            reason,
+            message,
+            generation,
+        )
+        if changed:
+            conditions[index] = Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=(
+                    (now or utcnow()) if flipped else existing.last_transition_time
+                ),
+                observed_generation=generation,
+            )
+        return changed
+    conditions.append(
+        Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now or utcnow(),
+            observed_generation=generation,
+        )
+    )
+    return True
+
+
+class Resource(Model):
+    """One stored object. Subclasses fix `kind` and type `spec` and `status`."""
+
+    KIND: ClassVar[str]
+    PLURAL: ClassVar[str]
+    NAMESPACED: ClassVar[bool]
+    ALIASES: ClassVar[tuple[str, ...]] = ()
+
+    api_version: Literal["gctl/v1"] = API_VERSION
+    kind: str
+    metadata: ObjectMeta
+    spec: Any
+    status: Any
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or ""
+
+    def ref(self) -> str:
+        """`job.gctl/hello`, as kubectl names objects in its messages."""
+        return f"{self.KIND.lower()}.gctl/{self.metadata.name}"
+
+    def wire(self) -> dict[str, Any]:
+        """The object as stored and printed: camelCase, without None or empty fields."""
+        wire: dict[str, Any] = prune(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+        return wire
+
+
+def prune(value: Any) -> Any:
+    """Drop empty mappings and lists, as Kubernetes' `omitempty` does; keep the empty status."""
+    if isinstance(value, dict):
+        kept = {}
+        for key, item in value.items():
+            pruned = prune(item)
+            if key in ("spec", "status") or not isinstance(pruned, dict | list) or pruned:
+                kept[key] = pruned
+        return kept
+    if isinstance(value, list):
+        return [prune(item) for item in value]
+    return value

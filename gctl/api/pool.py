@@ -1,0 +1,77 @@
+"""The GPUPool kind: a named set of GPUs, how jobs share them and how they are placed."""
+
+import re
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field
+
+from gctl.api import meta
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def expand_indices(items: list[int | str]) -> list[int]:
+    """`[0, "2-4", "6,7"]` -> `[0, 2, 3, 4, 6, 7]`; raise ValueError on a malformed item."""
+    found: set[int] = set()
+    for item in items:
+        if isinstance(item, int):
+            found.add(item)
+            continue
+        for part in item.split(","):
+            match = _RANGE.match(part)
+            if match is None:
+                raise ValueError(f"{part.strip()!r} is not a GPU index or a range like 0-3")
+            low = int(match.group(1))
+            high = int(match.group(2) or low)
+            if high < low:
+                raise ValueError(f"range {part.strip()!r} runs backwards")
+            found.update(range(low, high + 1))
+    return sorted(found)
+
+
+def _check_indices(value: object) -> object:
+    items: list[object] = value if isinstance(value, list) else [value]
+    checked: list[int | str] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int | str):
+            raise ValueError("must list GPU indices or ranges such as 0-3")
+        if isinstance(item, int) and item < 0:
+            raise ValueError("GPU indices are not negative")
+        checked.append(item)
+    expand_indices(checked)
+    return checked
+
+
+GPUIndices = Annotated[list[int | str], BeforeValidator(_check_indices)]
+
+
+class PoolSelector(meta.Model):
+    """Which GPUs belong to the pool; every given criterion must hold. Empty means all GPUs."""
+
+    nodes: list[meta.DNSSubdomain] | None = Field(default=None, min_length=1)
+    node_labels: meta.Labels | None = None
+    gpu_model: str | None = Field(default=None, min_length=1)
+    gpus: GPUIndices | None = Field(default=None, min_length=1)
+
+
+class GPUPoolSpec(meta.Model):
+    selector: PoolSelector = Field(default_factory=PoolSelector)
+    max_jobs_per_gpu: int = Field(default=1, ge=1, le=64, alias="maxJobsPerGPU")
+    allow_fractions: bool = True
+    policy: Literal["binpack", "spread"] = "binpack"
+
+
+class GPUPoolStatus(meta.Model):
+    observed_generation: int | None = None
+    conditions: list[meta.Condition] = Field(default_factory=list)
+
+
+class GPUPool(meta.Resource):
+    KIND: ClassVar[str] = "GPUPool"
+    PLURAL: ClassVar[str] = "gpupools"
+    NAMESPACED: ClassVar[bool] = False
+    ALIASES: ClassVar[tuple[str, ...]] = ("gpupool", "gpupools", "pool", "pools")
+
+    kind: Literal["GPUPool"] = "GPUPool"
+    spec: GPUPoolSpec = Field(default_factory=GPUPoolSpec)
+    status: GPUPoolStatus = Field(default_factory=GPUPoolStatus)

@@ -1,0 +1,277 @@
+"""How objects are printed: kubectl-style tables with ages, and -o yaml | json | name.
+
+Printers work on wire dicts (as stored), never on validated models: `gctl get` over thousands
+of objects must not pay for validation.
+"""
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import yaml
+
+from gctl.api import meta, quantity
+
+Wire = dict[str, Any]
+Column = tuple[str, Callable[[Wire, datetime], str]]
+NONE = "<none>"
+
+
+def human_duration(seconds: float) -> str:
+    """kubectl's HumanDuration: 45s, 3m20s, 15m, 5h30m, 20h, 3d4h, 30d, 2y100d."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if hours < 24 * 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    years, rest = divmod(days, 365)
+    if hours < 24 * 365 * 8 and rest:
+        return f"{years}y{rest}d"
+    return f"{years}y"
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def age(text: str | None, now: datetime) -> str:
+    moment = parse_time(text)
+    return NONE if moment is None else human_duration((now - moment).total_seconds())
+
+
+def _created(w: Wire, now: datetime) -> str:
+    return age(w["metadata"].get("creationTimestamp"), now)
+
+
+def _job_status(w: Wire, _now: datetime) -> str:
+    if w["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    phase: str = w["status"].get("phase", "Pending")
+    if phase == "Pending" and w["spec"].get("suspend"):
+        return "Suspended"
+    return phase
+
+
+def _job_gpus(w: Wire, _now: datetime) -> str:
+    resources = w["spec"].get("resources", {})
+    text = quantity.format_gpus(float(resources.get("gpus", 1)))
+    memory = resources.get("gpuMemory")
+    return f"{text}x{memory}" if memory else text
+
+
+def _field(*path: str, default: str = NONE) -> Callable[[Wire, datetime], str]:
+    def read(w: Wire, _now: datetime) -> str:
+        value: Any = w
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None or value in ([], ""):
+            return default
+        if isinstance(value, list):
+            return ",".join(str(item) for item in value)
+        return str(value)
+
+    return read
+
+
+def _pool_selector(w: Wire, _now: datetime) -> str:
+    selector = w["spec"].get("selector", {})
+    parts = []
+    if nodes := selector.get("nodes"):
+        parts.append("nodes=" + ",".join(nodes))
+    if labels := selector.get("nodeLabels"):
+        parts.extend(f"{k}={v}" for k, v in labels.items())
+    if model := selector.get("gpuModel"):
+        parts.append(f"model={model}")
+    if gpus := selector.get("gpus"):
+        parts.append("gpus=" + ",".join(str(g) for g in gpus))
+    return " ".join(parts) or "<all>"
+
+
+def _node_status(w: Wire, _now: datetime) -> str:
+    ready = next((c for c in w["status"].get("conditions", []) if c["type"] == "Ready"), None)
+    text = "Unknown" if ready is None else ("Ready" if ready["status"] == "True" else "NotReady")
+    return text + (",SchedulingDisabled" if w["spec"].get("unschedulable") else "")
+
+
+def _node_gpus(w: Wire, _now: datetime) -> str:
+    gpus = w["status"].get("gpus", [])
+    fake = " (fake)" if any(g.get("fake") for g in gpus) else ""
+    return f"{len(gpus)}{fake}"
+
+
+def _node_model(w: Wire, _now: datetime) -> str:
+    models = sorted({g.get("model", "?") for g in w["status"].get("gpus", [])})
+    return ",".join(models) or NONE
+
+
+def _event_object(w: Wire, _now: datetime) -> str:
+    ref = w["spec"].get("involvedObject", {})
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
+
+
+def _event_last_seen(w: Wire, now: datetime) -> str:
+    return age(w["spec"].get("lastTimestamp") or w["metadata"].get("creationTimestamp"), now)
+
+
+def _event_message(w: Wire, _now: datetime) -> str:
+    count = w["spec"].get("count", 1)
+    message = str(w["spec"].get("message", ""))
+    return f"{message} (x{count})" if count > 1 else message
+
+
+_NAME: Column = ("NAME", _field("metadata", "name"))
+_AGE: Column = ("AGE", _created)
+
+COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
+    # kind: (default columns, extra columns for -o wide)
+    "Job": (
+        [
+            _NAME,
+            ("STATUS", _job_status),
+            ("GPUS", _job_gpus),
+            ("POOL", _field("spec", "pool", default="default")),
+            ("PRIORITY", _field("spec", "priority", default="0")),
+            _AGE,
+        ],
+        [
+            ("NODE", _field("status", "node")),
+            ("GPU-IDS", _field("status", "gpus")),
+            ("ATTEMPTS", _field("status", "attempts", default="0")),
+            ("EXIT", _field("status", "exitCode")),
+            ("REASON", _field("status", "reason")),
+        ],
+    ),
+    "GPUPool": (
+        [
+            _NAME,
+            ("POLICY", _field("spec", "policy", default="binpack")),
+            ("JOBS/GPU", _field("spec", "maxJobsPerGPU", default="1")),
+            ("FRACTIONS", _field("spec", "allowFractions", default="True")),
+            _AGE,
+        ],
+        [("SELECTOR", _pool_selector)],
+    ),
+    "Node": (
+        [_NAME, ("STATUS", _node_status), ("GPUS", _node_gpus), ("MODEL", _node_model), _AGE],
+        [
+            ("HEARTBEAT", lambda w, now: age(w["status"].get("heartbeatTime"), now)),
+            ("VERSION", _field("status", "agentVersion")),
+        ],
+    ),
+    "Binding": (
+        [
+            _NAME,
+            ("JOB", _field("spec", "jobName")),
+            ("NODE", _field("spec", "node")),
+            ("GPUS", _field("spec", "gpus")),
+            ("PHASE", _field("status", "phase")),
+            _AGE,
+        ],
+        [("PID", _field("status", "pid")), ("EXIT", _field("status", "exitCode"))],
+    ),
+    "Event": (
+        [
+            ("LAST SEEN", _event_last_seen),
+            ("TYPE", _field("spec", "type")),
+            ("REASON", _field("spec", "reason")),
+            ("OBJECT", _event_object),
+            ("MESSAGE", _event_message),
+        ],
+        [("SOURCE", _field("spec", "source")), ("COUNT", _field("spec", "count"))],
+    ),
+}
+
+
+class Table:
+    """Columns padded with three spaces, as kubectl prints them. Widths are fixed by the first
+    batch, so rows printed later by a watch line up with it."""
+
+    def __init__(self, kind: str, wide: bool, namespaces: bool, show_labels: bool) -> None:
+        base, extra = COLUMNS[kind]
+        self.columns = list(base) + (extra if wide else [])
+        if namespaces:
+            self.columns.insert(0, ("NAMESPACE", _field("metadata", "namespace")))
+        if show_labels:
+            self.columns.append(("LABELS", _labels))
+        self.widths: list[int] | None = None
+
+    def lines(self, wires: Sequence[Wire], now: datetime, header: bool) -> list[str]:
+        cells = [[read(w, now) for _, read in self.columns] for w in wires]
+        titles = [title for title, _ in self.columns]
+        if self.widths is None:
+            self.widths = [
+                max([len(titles[i])] + [len(row[i]) for row in cells]) for i in range(len(titles))
+            ]
+        rows = ([titles] if header else []) + cells
+        last = len(self.widths) - 1
+        return [
+            "   ".join(
+                cell if i == last else cell.ljust(self.widths[i]) for i, cell in enumerate(row)
+            ).rstrip()
+            for row in rows
+        ]
+
+
+def _labels(w: Wire, _now: datetime) -> str:
+    labels = w["metadata"].get("labels", {})
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or NONE
+
+
+def ref(w: Wire) -> str:
+    return f"{str(w['kind']).lower()}.gctl/{w['metadata']['name']}"
+
+
+def as_list(wires: Sequence[Wire]) -> Wire:
+    return {"apiVersion": meta.API_VERSION, "kind": "List", "items": list(wires)}
+
+
+def dump_yaml(document: Any) -> str:
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text: str = yaml.dump(
+        document, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
+    return text
+
+
+def dump_json(document: Any) -> str:
+    return json.dumps(document, indent=2, ensure_ascii=False)
+
+
+def print_objects(
+    wires: Sequence[Wire],
+    output: str,
+    table: Table | None,
+    single: bool,
+    out: TextIO = sys.stdout,
+) -> None:
+    """Print a result set in the chosen format; `single` prints one object, not a List."""
+    if output == "name":
+        out.writelines(ref(w) + "\n" for w in wires)
+    elif output in ("yaml", "json"):
+        document = wires[0] if single and len(wires) == 1 else as_list(wires)
+        out.write(dump_yaml(document) if output == "yaml" else dump_json(document) + "\n")
+    else:
+        assert table is not None
+        out.writelines(line + "\n" for line in table.lines(wires, datetime.now(UTC), header=True))
+
+
+OUTPUTS = ("", "wide", "yaml", "json", "name")

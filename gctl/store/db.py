@@ -1,0 +1,179 @@
+"""Opening the database: where it is, how SQLite is tuned, and keeping the schema current.
+
+The URL comes from the `--db` flag, then `GCTL_DB`, then a per-user SQLite file. A plain path
+means SQLite; `postgresql://` and `postgres://` mean PostgreSQL through psycopg 3.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, exc, make_url, text
+from sqlalchemy.orm import Session
+
+from gctl.api import errors
+from gctl.store import tables
+
+ENV_VAR = "GCTL_DB"
+MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def default_sqlite_path() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
+    return Path(base) / "gctl" / "gctl.db"
+
+
+def resolve_url(flag: str | None) -> str:
+    """The SQLAlchemy URL for `--db`, else `GCTL_DB`, else the per-user SQLite file."""
+    raw = flag or os.environ.get(ENV_VAR) or str(default_sqlite_path())
+    if "://" not in raw:
+        return f"sqlite:///{Path(raw).expanduser().resolve()}"
+    for prefix in ("postgresql://", "postgres://"):
+        if raw.startswith(prefix):
+            return "postgresql+psycopg://" + raw.removeprefix(prefix)
+    return raw
+
+
+def display_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class Database:
+    """One engine; `write()` and `read()` hand out sessions whose transaction they own."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parsed = make_url(url)
+        self.dialect = parsed.get_backend_name()
+        self.sqlite_path: Path | None = None
+        if self.dialect == "sqlite":
+            if not parsed.database or parsed.database == ":memory:":
+                raise errors.Invalid(
+                    "--db: use a file for SQLite; an in-memory database is "
+                    "invisible to the controller and agents"
+                )
+            self.sqlite_path = Path(parsed.database)
+            _prepare_sqlite_file(self.sqlite_path)
+            self.engine: Engine = create_engine(url)
+            event.listen(self.engine, "connect", _sqlite_on_connect)
+            event.listen(self.engine, "begin", _sqlite_on_begin)
+        elif self.dialect == "postgresql":
+            self.engine = create_engine(url, pool_pre_ping=True)
+        else:
+            raise errors.Invalid(
+                f"--db: {parsed.drivername} is not supported: use a SQLite "
+                "file path or postgresql://user@host/db"
+            )
+
+    @classmethod
+    def open(cls, flag: str | None = None, *, migrate: bool = True) -> "Database":
+        db = cls(resolve_url(flag))
+        if migrate:
+            db.ensure_schema()
+        return db
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One read-write transaction, committed when the block ends without an error."""
+        with translate_errors(self.url), Session(self.engine) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """One read-only transaction: a consistent snapshot that takes no write lock."""
+        engine = self.engine.execution_options(gctl_sqlite_begin="DEFERRED")
+        with translate_errors(self.url), Session(engine) as session, session.begin():
+            yield session
+
+    def schema_version(self) -> str | None:
+        engine = self.engine.execution_options(gctl_sqlite_begin="DEFERRED")
+        with translate_errors(self.url), engine.connect() as conn:
+            try:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            except exc.DBAPIError:
+                return None
+
+    def ensure_schema(self) -> None:
+        """Upgrade the schema on first use; refuse a database made by a newer gctl."""
+        current = self.schema_version()
+        if current == tables.SCHEMA_HEAD:
+            return
+        self.upgrade()
+
+    def upgrade(self) -> tuple[str | None, str]:
+        """Run the migrations to head under a lock, so that racing first uses migrate once."""
+        from alembic import command
+        from alembic.config import Config
+        from alembic.script import ScriptDirectory
+
+        import migrations
+
+        config = Config()
+        config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+        known = {rev.revision for rev in ScriptDirectory.from_config(config).walk_revisions()}
+        with translate_errors(self.url), self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATIONS_LOCK_KEY}
+                )
+            before = _version_in(conn)
+            if before is not None and before not in known:
+                raise errors.Unavailable(
+                    f"{display_url(self.url)} has schema {before}, newer than this gctl "
+                    f"knows ({tables.SCHEMA_HEAD}): upgrade gctl"
+                )
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+        return before, tables.SCHEMA_HEAD
+
+
+def _version_in(conn: Any) -> str | None:
+    savepoint = conn.begin_nested()
+    try:
+        version: str | None = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except exc.DBAPIError:
+        savepoint.rollback()
+        return None
+    savepoint.commit()
+    return version
+
+
+@contextmanager
+def translate_errors(url: str) -> Iterator[None]:
+    """Driver errors become the project's own, once, here at the store boundary."""
+    try:
+        yield
+    except exc.OperationalError as error:
+        detail = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+        raise errors.Unavailable(f"database {display_url(url)}: {detail}") from None
+
+
+def _prepare_sqlite_file(path: Path) -> None:
+    """Create the file readable by its owner only, before SQLite creates it world-readable."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event emit BEGIN itself (pysqlite's own handling defers it).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: Any) -> None:
+    # IMMEDIATE takes the write lock up front: a writer waits (busy_timeout) instead of failing
+    # when it upgrades a read lock; read-only sessions ask for DEFERRED.
+    mode = conn.get_execution_options().get("gctl_sqlite_begin", "IMMEDIATE")
+    conn.exec_driver_sql(f"BEGIN {mode}")

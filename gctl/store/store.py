@@ -1,0 +1,425 @@
+"""The Store: named operations on objects, each one guarded statement.
+
+Every write bumps the global revision once per transaction, checks the resourceVersion it was
+given (zero rows matched means Conflict), and appends the written object to the change feed.
+Store methods take the session they are given and never commit: the caller owns the transaction.
+"""
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Row, Table, delete, exc, insert, select, update
+from sqlalchemy.orm import Session
+
+from gctl.api import errors, event, meta, selector
+from gctl.store import db, tables
+
+T = TypeVar("T", bound=meta.Resource)
+R = TypeVar("R")
+
+NOTIFY_CHANNEL = "gctl_changes"
+_REVISION = tables.Base.metadata.tables[tables.RevisionRow.__tablename__]
+_CHANGES = tables.Base.metadata.tables[tables.ChangeRow.__tablename__]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entry of the change feed: the object right after the write (or as it was deleted)."""
+
+    id: int  # the feed's own order: ids are taken under the revision lock, so in commit order
+    revision: int
+    type: str  # ADDED | MODIFIED | DELETED
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    object: dict[str, Any]
+
+
+def _table(kind: str) -> Table:
+    return tables.table_of(kind)
+
+
+def timestamp(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def namespace_of(cls: type[meta.Resource], namespace: str | None) -> str:
+    """The stored namespace: "" for cluster-scoped kinds, `default` when none is given."""
+    if not cls.NAMESPACED:
+        return ""
+    return namespace or meta.DEFAULT_NAMESPACE
+
+
+def row_to_wire(cls: type[meta.Resource], row: Row[Any]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": row.name}
+    if cls.NAMESPACED:
+        metadata["namespace"] = row.namespace
+    for key in ("labels", "annotations", "finalizers"):
+        if value := getattr(row, key):
+            metadata[key] = value
+    metadata["uid"] = row.uid
+    metadata["generation"] = row.generation
+    metadata["resourceVersion"] = str(row.resource_version)
+    metadata["creationTimestamp"] = timestamp(row.created_at)
+    if row.deleted_at is not None:
+        metadata["deletionTimestamp"] = timestamp(row.deleted_at)
+    return {
+        "apiVersion": meta.API_VERSION,
+        "kind": cls.KIND,
+        "metadata": metadata,
+        "spec": row.spec,
+        "status": row.status,
+    }
+
+
+class Store:
+    def __init__(self, session: Session, clock: Callable[[], datetime] = meta.utcnow) -> None:
+        self.session = session
+        self.clock = clock
+        self._revision: int | None = None
+        self._dialect = session.get_bind().dialect.name
+
+    # -- the revision --------------------------------------------------------------------------
+
+    def current_revision(self) -> int:
+        value = self.session.execute(select(_REVISION.c.revision)).scalar_one()
+        return int(value)
+
+    def _write_revision(self) -> int:
+        """The revision of this transaction's writes; the first call locks the counter row."""
+        if self._revision is None:
+            statement = (
+                update(_REVISION)
+                .values(revision=_REVISION.c.revision + 1)
+                .returning(_REVISION.c.revision)
+            )
+            self._revision = int(self.session.execute(statement).scalar_one())
+            if self._dialect == "postgresql":
+                from sqlalchemy import func
+
+                self.session.execute(select(func.pg_notify(NOTIFY_CHANNEL, str(self._revision))))
+        return self._revision
+
+    def _record(self, change_type: str, wires: Iterable[dict[str, Any]]) -> None:
+        revision = self._write_revision()
+        rows = [
+            {
+                "revision": revision,
+                "type": change_type,
+                "kind": wire["kind"],
+                "namespace": wire["metadata"].get("namespace", ""),
+                "name": wire["metadata"]["name"],
+                "uid": wire["metadata"]["uid"],
+                "object": wire,
+            }
+            for wire in wires
+        ]
+        if rows:
+            self.session.execute(insert(_CHANGES), rows)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _rows(
+        self, cls: type[meta.Resource], namespace: str | None, names: Sequence[str] | None = None
+    ) -> Sequence[Row[Any]]:
+        table = _table(cls.KIND)
+        query = select(table)
+        if namespace is not None or not cls.NAMESPACED:
+            query = query.where(table.c.namespace == namespace_of(cls, namespace))
+        if names is not None:
+            query = query.where(table.c.name.in_(names))
+        return self.session.execute(query.order_by(table.c.namespace, table.c.name)).all()
+
+    def list_wire(
+        self,
+        cls: type[meta.Resource],
+        namespace: str | None = None,
+        label_selector: selector.Selector | None = None,
+        names: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Objects in wire form, sorted by namespace and name; `namespace=None` means all."""
+        wires = [row_to_wire(cls, row) for row in self._rows(cls, namespace, names)]
+        if label_selector is not None:
+            wires = [w for w in wires if label_selector.matches(w["metadata"].get("labels", {}))]
+        return wires
+
+    def list_objects(
+        self,
+        cls: type[T],
+        namespace: str | None = None,
+        label_selector: selector.Selector | None = None,
+    ) -> list[T]:
+        return [cls.model_validate(w) for w in self.list_wire(cls, namespace, label_selector)]
+
+    def find(self, cls: type[T], name: str, namespace: str | None = None) -> T | None:
+        rows = self._rows(cls, namespace_of(cls, namespace), [name])
+        return cls.model_validate(row_to_wire(cls, rows[0])) if rows else None
+
+    def get(self, cls: type[T], name: str, namespace: str | None = None) -> T:
+        found = self.find(cls, name, namespace)
+        if found is None:
+            raise errors.NotFound(namespaced_not_found(cls, name, namespace))
+        return found
+
+    def changes_since(
+        self,
+        revision: int,
+        kinds: Iterable[str] | None = None,
+        limit: int = 10_000,
+        after_id: int | None = None,
+    ) -> list[Change]:
+        """Changes after a revision (or after a change id, to page through one large one)."""
+        if after_id is None:
+            query = select(_CHANGES).where(_CHANGES.c.revision > revision)
+        else:
+            query = select(_CHANGES).where(_CHANGES.c.id > after_id)
+        if kinds is not None:
+            query = query.where(_CHANGES.c.kind.in_(list(kinds)))
+        rows = self.session.execute(query.order_by(_CHANGES.c.id).limit(limit)).all()
+        return [
+            Change(r.id, r.revision, r.type, r.kind, r.namespace, r.name, r.uid, r.object)
+            for r in rows
+        ]
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def create_many(self, objs: Sequence[T]) -> list[T]:
+        """Create objects; server fields are assigned here, whatever the input carried."""
+        if not objs:
+            return []
+        revision = self._write_revision()
+        now = self.clock()
+        created: list[T] = []
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for obj in objs:
+            metadata = obj.metadata.model_copy(
+                update={
+                    "namespace": namespace_of(type(obj), obj.metadata.namespace) or None,
+                    "uid": str(uuid.uuid4()),
+                    "generation": 1,
+                    "resource_version": str(revision),
+                    "creation_timestamp": now,
+                    "deletion_timestamp": None,
+                }
+            )
+            new = obj.model_copy(update={"metadata": metadata})
+            created.append(new)
+            by_kind.setdefault(obj.KIND, []).append(
+                _values(new)
+                | {
+                    "uid": metadata.uid,
+                    "namespace": metadata.namespace or "",
+                    "name": metadata.name,
+                    "generation": 1,
+                    "resource_version": revision,
+                    "created_at": now,
+                    "deleted_at": None,
+                }
+            )
+        for kind, rows in by_kind.items():
+            try:
+                self.session.execute(insert(_table(kind)), rows)
+            except exc.IntegrityError:
+                names = ", ".join(repr(row["name"]) for row in rows[:3])
+                raise errors.AlreadyExists(f"{kind} {names} already exists") from None
+        self._record("ADDED", (obj.wire() for obj in created))
+        return created
+
+    def create(self, obj: T) -> T:
+        return self.create_many([obj])[0]
+
+    def update(self, obj: T) -> T:
+        """Write metadata (labels, annotations, finalizers) and spec; generation moves only
+        when the spec changes. A deleting object whose last finalizer goes is removed."""
+        current = self._current(obj)
+        values = _values(obj)
+        spec_changed = values["spec"] != current.spec
+        generation = current.generation + 1 if spec_changed else current.generation
+        values.pop("status")
+        values |= tables.ROWS[obj.KIND].derived(values["spec"], current.status)
+        updated = self._guarded_update(obj, current, values | {"generation": generation})
+        if updated.metadata.deletion_timestamp is not None and not updated.metadata.finalizers:
+            return self._remove(type(updated), updated)
+        return updated
+
+    def update_status(self, obj: T) -> T:
+        """Write status only; the generation never moves."""
+        current = self._current(obj)
+        status = obj.wire()["status"]
+        values = {"status": status} | tables.ROWS[obj.KIND].derived(current.spec, status)
+        return self._guarded_update(obj, current, values)
+
+    def delete(
+        self,
+        cls: type[T],
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+    ) -> tuple[T, bool]:
+        """Delete now, or, while finalizers remain, mark it deleting. Returns (object, gone)."""
+        obj = self.get(cls, name, namespace)
+        if uid is not None and uid != obj.metadata.uid:
+            raise errors.Conflict(f'{cls.KIND} "{name}" was replaced (uid {obj.metadata.uid})')
+        if obj.metadata.finalizers:
+            if obj.metadata.deletion_timestamp is not None:
+                return obj, False
+            current = self._current(obj)
+            marked = self._guarded_update(obj, current, {"deleted_at": self.clock()})
+            return marked, False
+        return self._remove(cls, obj), True
+
+    def _remove(self, cls: type[T], obj: T) -> T:
+        table = _table(cls.KIND)
+        result = self.session.execute(
+            delete(table).where(
+                table.c.uid == obj.metadata.uid,
+                table.c.resource_version == int(obj.metadata.resource_version or -1),
+            )
+        )
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            raise errors.Conflict(_stale(obj))
+        revision = self._write_revision()
+        metadata = obj.metadata.model_copy(
+            update={
+                "resource_version": str(revision),
+                "deletion_timestamp": obj.metadata.deletion_timestamp or self.clock(),
+            }
+        )
+        gone = obj.model_copy(update={"metadata": metadata})
+        self._record("DELETED", [gone.wire()])
+        return gone
+
+    def _current(self, obj: meta.Resource) -> Row[Any]:
+        cls = type(obj)
+        rows = self._rows(cls, namespace_of(cls, obj.metadata.namespace), [obj.name])
+        if not rows or (obj.metadata.uid is not None and rows[0].uid != obj.metadata.uid):
+            raise errors.NotFound(namespaced_not_found(cls, obj.name, obj.metadata.namespace))
+        if obj.metadata.resource_version != str(rows[0].resource_version):
+            raise errors.Conflict(_stale(obj))
+        return rows[0]
+
+    def _guarded_update(self, obj: T, current: Row[Any], values: dict[str, Any]) -> T:
+        cls = type(obj)
+        table = _table(cls.KIND)
+        revision = self._write_revision()
+        result = self.session.execute(
+            update(table)
+            .where(table.c.uid == current.uid, table.c.resource_version == current.resource_version)
+            .values(**values, resource_version=revision)
+            .returning(*table.c)
+        )
+        row = result.first()
+        if row is None:
+            raise errors.Conflict(_stale(obj))
+        wire = row_to_wire(cls, row)
+        self._record("MODIFIED", [wire])
+        return cls.model_validate(wire)
+
+    def record_event(
+        self,
+        involved: meta.Resource,
+        reason: str,
+        message: str = "",
+        *,
+        type_: str = "Normal",
+        source: str = "",
+    ) -> event.Event:
+        """Record what happened to an object; a repeat of the latest one bumps its count."""
+        now = self.clock()
+        namespace = involved.metadata.namespace or meta.DEFAULT_NAMESPACE
+        table = _table("Event")
+        latest = self.session.execute(
+            select(table)
+            .where(table.c.involved_uid == involved.metadata.uid)
+            .order_by(table.c.created_at.desc(), table.c.resource_version.desc())
+            .limit(1)
+        ).first()
+        if latest is not None:
+            previous = event.Event.model_validate(row_to_wire(event.Event, latest))
+            spec = previous.spec
+            if (spec.type, spec.reason, spec.message) == (type_, reason, message):
+                previous.spec = spec.model_copy(
+                    update={"count": spec.count + 1, "last_timestamp": now}
+                )
+                return self.update(previous)
+        new = event.Event(
+            metadata=meta.ObjectMeta(
+                name=f"{involved.name}.{uuid.uuid4().hex[:12]}", namespace=namespace
+            ),
+            spec=event.EventSpec(
+                involved_object=event.ObjectReference(
+                    kind=involved.KIND,
+                    name=involved.name,
+                    namespace=involved.metadata.namespace,
+                    uid=involved.metadata.uid,
+                ),
+                type="Warning" if type_ == "Warning" else "Normal",
+                reason=reason,
+                message=message,
+                source=source,
+                first_timestamp=now,
+                last_timestamp=now,
+            ),
+        )
+        return self.create(new)
+
+    def events_for(self, involved: meta.Resource, limit: int = 50) -> list[event.Event]:
+        table = _table("Event")
+        rows = self.session.execute(
+            select(table)
+            .where(table.c.involved_uid == involved.metadata.uid)
+            .order_by(table.c.created_at.desc())
+            .limit(limit)
+        ).all()
+        return [event.Event.model_validate(row_to_wire(event.Event, r)) for r in reversed(rows)]
+
+
+def _values(obj: meta.Resource) -> dict[str, Any]:
+    wire = obj.wire()
+    spec, status = wire.get("spec", {}), wire.get("status", {})
+    return {
+        "labels": obj.metadata.labels,
+        "annotations": obj.metadata.annotations,
+        "finalizers": obj.metadata.finalizers,
+        "spec": spec,
+        "status": status,
+        **tables.ROWS[obj.KIND].derived(spec, status),
+    }
+
+
+def namespaced_not_found(cls: type[meta.Resource], name: str, namespace: str | None) -> str:
+    where = f' in namespace "{namespace_of(cls, namespace)}"' if cls.NAMESPACED else ""
+    return f'{cls.KIND.lower()} "{name}" not found{where}'
+
+
+def _stale(obj: meta.Resource) -> str:
+    return (
+        f'{obj.KIND} "{obj.name}" was modified since it was read '
+        f"(resourceVersion {obj.metadata.resource_version}): read it again and retry"
+    )
+
+
+def transact(
+    database: db.Database,
+    work: Callable[["Store"], R],
+    *,
+    retry_on: tuple[type[errors.GctlError], ...] = (errors.Conflict,),
+    attempts: int = 10,
+) -> R:
+    """Run `work` in one write transaction; on a stale read, run it again from a fresh one."""
+    for attempt in range(attempts):
+        try:
+            with database.write() as session:
+                return work(Store(session))
+        except retry_on:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(min(0.5, 0.005 * 2**attempt) * random.random())
+    raise AssertionError("unreachable")

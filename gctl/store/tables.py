@@ -1,0 +1,184 @@
+"""The schema as SQLAlchemy 2 typed models; migrations/ must agree with it (a test checks)."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# The newest migration; the Store upgrades a database whose alembic_version differs.
+SCHEMA_HEAD = "0001"
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JSONDocument = JSON().with_variant(JSONB(), "postgresql")
+# SQLite auto-increments only an INTEGER PRIMARY KEY.
+BigSerial = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps are UTC in the database and timezone-aware in Python, on both dialects."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
+        dict[str, Any]: JSONDocument,
+        list[str]: JSONDocument,
+        datetime: UTCDateTime(),
+    }
+
+
+class ObjectRow:
+    """Columns every stored object has; spec and status are JSON documents in wire form."""
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(63))  # "" for cluster-scoped kinds
+    name: Mapped[str] = mapped_column(String(253))
+    labels: Mapped[dict[str, Any]]
+    annotations: Mapped[dict[str, Any]]
+    finalizers: Mapped[list[str]]
+    generation: Mapped[int] = mapped_column(BigInteger)
+    resource_version: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
+    spec: Mapped[dict[str, Any]]
+    status: Mapped[dict[str, Any]]
+
+    @staticmethod
+    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Columns copied out of spec/status so that queries can filter and sort on them."""
+        return {}
+
+
+class JobRow(ObjectRow, Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("uq_jobs_namespace_name", "namespace", "name", unique=True),
+        # The scheduler's queue: pending jobs by priority, then age.
+        Index("ix_jobs_queue", "phase", "priority", "created_at"),
+    )
+    phase: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[str | None] = mapped_column(String(253))
+
+    @staticmethod
+    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "phase": status.get("phase", "Pending"),
+            "priority": spec.get("priority", 0),
+            "pool": spec.get("pool"),
+        }
+
+
+class GPUPoolRow(ObjectRow, Base):
+    __tablename__ = "gpupools"
+    __table_args__ = (Index("uq_gpupools_namespace_name", "namespace", "name", unique=True),)
+
+
+class NodeRow(ObjectRow, Base):
+    __tablename__ = "nodes"
+    __table_args__ = (Index("uq_nodes_namespace_name", "namespace", "name", unique=True),)
+
+
+class BindingRow(ObjectRow, Base):
+    __tablename__ = "bindings"
+    __table_args__ = (
+        Index("uq_bindings_namespace_name", "namespace", "name", unique=True),
+        Index("ix_bindings_node", "node", "phase"),
+        Index("ix_bindings_job_uid", "job_uid"),
+    )
+    node: Mapped[str] = mapped_column(String(253))
+    job_uid: Mapped[str] = mapped_column(String(36))
+    phase: Mapped[str] = mapped_column(String(16))
+
+    @staticmethod
+    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "node": spec.get("node", ""),
+            "job_uid": spec.get("jobUID", ""),
+            "phase": status.get("phase", "Pending"),
+        }
+
+
+class EventRow(ObjectRow, Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("uq_events_namespace_name", "namespace", "name", unique=True),
+        Index("ix_events_involved_uid", "involved_uid"),
+    )
+    involved_uid: Mapped[str | None] = mapped_column(String(36))
+
+    @staticmethod
+    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        return {"involved_uid": spec.get("involvedObject", {}).get("uid")}
+
+
+class RevisionRow(Base):
+    """One row: the global revision. Bumping it locks the row, so write transactions commit in
+    revision order and a watcher that reads `revision > N` never skips one."""
+
+    __tablename__ = "revision"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    revision: Mapped[int] = mapped_column(BigInteger)
+
+
+class ChangeRow(Base):
+    """The change feed: one row per object written, with the object as it was after the write."""
+
+    __tablename__ = "changes"
+    __table_args__ = (Index("ix_changes_revision", "revision"),)
+    id: Mapped[int] = mapped_column(BigSerial, primary_key=True, autoincrement=True)
+    revision: Mapped[int] = mapped_column(BigInteger)
+    type: Mapped[str] = mapped_column(String(8))  # ADDED | MODIFIED | DELETED
+    kind: Mapped[str] = mapped_column(String(32))
+    namespace: Mapped[str] = mapped_column(String(63))
+    name: Mapped[str] = mapped_column(String(253))
+    uid: Mapped[str] = mapped_column(String(36))
+    object: Mapped[dict[str, Any]]
+
+
+def table_of(kind: str) -> Table:
+    """The table that stores a kind."""
+    return Base.metadata.tables[ROWS[kind].__tablename__]  # type: ignore[attr-defined]
+
+
+ROWS: dict[str, type[ObjectRow]] = {
+    "Job": JobRow,
+    "GPUPool": GPUPoolRow,
+    "Node": NodeRow,
+    "Binding": BindingRow,
+    "Event": EventRow,
+}
