@@ -238,15 +238,14 @@ class Store:
         """Write metadata (labels, annotations, finalizers) and spec; generation moves only
         when the spec changes. A deleting object whose last finalizer goes is removed."""
         current = self._current(obj)
+        if current.deleted_at is not None and not obj.metadata.finalizers:
+            return self._remove(type(obj), obj)
         values = _values(obj)
         spec_changed = values["spec"] != current.spec
         generation = current.generation + 1 if spec_changed else current.generation
         values.pop("status")
         values |= tables.ROWS[obj.KIND].derived(values["spec"], current.status)
-        updated = self._guarded_update(obj, current, values | {"generation": generation})
-        if updated.metadata.deletion_timestamp is not None and not updated.metadata.finalizers:
-            return self._remove(type(updated), updated)
-        return updated
+        return self._guarded_update(obj, current, values | {"generation": generation})
 
     def update_status(self, obj: T) -> T:
         """Write status only; the generation never moves."""
