@@ -152,6 +152,11 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
         raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
     cls = kinds.BY_KIND[kind]
     body = {key: value for key, value in document.items() if key != "status"}
+    if (path := _nul_path(body, "")) is not None:
+        raise errors.Invalid(
+            f"{where}: {prefix}{path}: contains a NUL character, which no command, "
+            "environment variable or database can hold"
+        )
     try:
         obj = cls.model_validate(body, by_alias=True, by_name=False)
     except pydantic.ValidationError as exc:
@@ -167,6 +172,24 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
     if not cls.NAMESPACED:
         obj.metadata.namespace = None
     return obj
+
+
+def _nul_path(value: Any, path: str) -> str | None:
+    """The field path of the first string (key or value) holding a NUL character, if any."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                return here
+            if (found := _nul_path(item, here)) is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if (found := _nul_path(item, f"{path}[{index}]")) is not None:
+                return found
+    return None
 
 
 def _describe(document: dict[str, Any]) -> str:

@@ -72,7 +72,11 @@ class Database:
     def open(cls, flag: str | None = None, *, migrate: bool = True) -> "Database":
         db = cls(resolve_url(flag))
         if migrate:
-            db.ensure_schema()
+            try:
+                db.ensure_schema()
+            except BaseException:
+                db.close()
+                raise
         return db
 
     def close(self) -> None:
@@ -150,8 +154,13 @@ def translate_errors(url: str) -> Iterator[None]:
     try:
         yield
     except exc.OperationalError as error:
-        detail = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
-        raise errors.Unavailable(f"database {display_url(url)}: {detail}") from None
+        raise errors.Unavailable(f"database {display_url(url)}: {_first_line(error)}") from None
+    except exc.DataError as error:
+        raise errors.Invalid(f"the database refused a value: {_first_line(error)}") from None
+
+
+def _first_line(error: exc.DBAPIError) -> str:
+    return str(error.orig or error).strip().splitlines()[0]
 
 
 def _prepare_sqlite_file(path: Path) -> None:
