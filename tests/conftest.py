@@ -1,0 +1,135 @@
+"""Fixtures shared by every test folder: databases on both dialects and the `gctl` command.
+
+PostgreSQL comes from GCTL_TEST_PG (an admin URL; default: the local server CI provides). Each
+run makes one migrated template database and every test gets a fresh copy, dropped afterwards.
+Set GCTL_TEST_PG=skip to run without PostgreSQL; otherwise an unreachable server is an error.
+"""
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from gctl.store import db
+
+PG_ADMIN = os.environ.get("GCTL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+DIALECTS = ["sqlite", "postgresql"]
+
+
+def _pg_url(name: str) -> str:
+    base, _, _ = PG_ADMIN.rpartition("/")
+    return f"{base}/{name}"
+
+
+def _admin(sql: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    if PG_ADMIN == "skip":
+        pytest.skip("GCTL_TEST_PG=skip: PostgreSQL tests skipped")
+    name = f"gctl_tpl_{uuid.uuid4().hex[:10]}"
+    try:
+        _admin(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at {PG_ADMIN} is unreachable ({exc}); set GCTL_TEST_PG")
+    database = db.Database.open(_pg_url(name))
+    database.close()
+    yield name
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    name = f"gctl_t_{uuid.uuid4().hex[:10]}"
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    yield _pg_url(name)
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_pg_url(pg_template: str) -> Iterator[str]:
+    """A PostgreSQL database with no schema at all, for migration tests."""
+    name = f"gctl_e_{uuid.uuid4().hex[:10]}"
+    _admin(f'CREATE DATABASE "{name}"')
+    yield _pg_url(name)
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=DIALECTS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database URL: a SQLite file, or a PostgreSQL database cloned from the template."""
+    if request.param == "sqlite":
+        return str(tmp_path / "gctl.db")
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture
+def database(db_url: str) -> Iterator[db.Database]:
+    database = db.Database.open(db_url)
+    yield database
+    database.close()
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass
+class Gctl:
+    """Runs the real `gctl` console script against one database, from one directory."""
+
+    db_url: str
+    cwd: Path
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GCTL_DB": self.db_url}
+
+    def __call__(self, *args: str, stdin: str | None = None, timeout: float = 60) -> Result:
+        done = subprocess.run(
+            [GCTL_BIN, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.cwd,
+            timeout=timeout,
+            check=False,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        result = self(*args, stdin=stdin)
+        assert result.code == 0, f"gctl {' '.join(args)} failed: {result.err}"
+        return result.out
+
+    def popen(self, *args: str) -> "subprocess.Popen[str]":
+        return subprocess.Popen(
+            [GCTL_BIN, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env(),
+            cwd=self.cwd,
+            bufsize=1,
+        )
+
+
+GCTL_BIN = str(Path(sys.executable).parent / "gctl")
+
+
+@pytest.fixture
+def gctl(db_url: str, tmp_path: Path) -> Gctl:
+    return Gctl(db_url, tmp_path)

@@ -1,0 +1,228 @@
+"""The Store on real SQLite files and a real PostgreSQL: metadata rules, compare-and-set,
+finalizers, events and the change feed."""
+
+import multiprocessing
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gctl.api import errors, job, meta, pool
+from gctl.store import db, feed, store
+from tests.builders import make_job
+
+
+def _create(database: db.Database, *jobs: job.Job) -> list[job.Job]:
+    with database.write() as session:
+        return store.Store(session).create_many(list(jobs))
+
+
+def test_create_assigns_server_fields(database: db.Database) -> None:
+    (created,) = _create(database, make_job("a").build())
+    assert created.metadata.uid
+    assert created.metadata.generation == 1
+    assert created.metadata.namespace == "default"
+    assert created.metadata.creation_timestamp is not None
+    assert created.metadata.creation_timestamp.tzinfo is not None
+    with database.read() as session:
+        read = store.Store(session).get(job.Job, "a")
+    assert read.wire() == created.wire()
+
+
+def test_duplicate_create_is_already_exists(database: db.Database) -> None:
+    _create(database, make_job("a").build())
+    with pytest.raises(errors.AlreadyExists):
+        _create(database, make_job("a").build())
+
+
+def test_cluster_scoped_kind_has_no_namespace(database: db.Database) -> None:
+    with database.write() as session:
+        created = store.Store(session).create(
+            pool.GPUPool(metadata=meta.ObjectMeta(name="a100", namespace="ignored"))
+        )
+    assert created.metadata.namespace is None
+    assert "namespace" not in created.wire()["metadata"]
+
+
+def test_generation_moves_with_spec_only(database: db.Database) -> None:
+    (created,) = _create(database, make_job("a").build())
+    with database.write() as session:
+        writer = store.Store(session)
+        created.metadata.labels = {"team": "nlp"}
+        relabelled = writer.update(created)
+        relabelled.spec.priority = 5
+        respecced = writer.update(relabelled)
+        respecced.status.phase = "Running"
+        with_status = writer.update_status(respecced)
+    assert relabelled.metadata.generation == 1
+    assert respecced.metadata.generation == 2
+    assert with_status.metadata.generation == 2
+    assert with_status.status.phase == "Running"
+    assert with_status.spec.priority == 5
+
+
+def test_resource_versions_come_from_one_global_revision(database: db.Database) -> None:
+    (a,) = _create(database, make_job("a").build())
+    (b,) = _create(database, make_job("b").build())
+    assert int(b.metadata.resource_version or 0) > int(a.metadata.resource_version or 0)
+    with database.read() as session:
+        assert store.Store(session).current_revision() == int(b.metadata.resource_version or 0)
+
+
+def test_stale_write_is_refused_not_overwritten(database: db.Database) -> None:
+    (created,) = _create(database, make_job("a").build())
+    stale = created.model_copy(deep=True)
+    with database.write() as session:
+        created.spec.priority = 1
+        store.Store(session).update(created)
+    stale.spec.priority = 2
+    with pytest.raises(errors.Conflict), database.write() as session:
+        store.Store(session).update(stale)
+    with pytest.raises(errors.Conflict), database.write() as session:
+        store.Store(session).update_status(stale)
+    with database.read() as session:
+        assert store.Store(session).get(job.Job, "a").spec.priority == 1
+
+
+def test_delete_waits_for_finalizers(database: db.Database) -> None:
+    built = make_job("a").build()
+    built.metadata.finalizers = ["gctl/stop-process"]
+    _create(database, built)
+    with database.write() as session:
+        marked, gone = store.Store(session).delete(job.Job, "a")
+    assert not gone
+    assert marked.metadata.deletion_timestamp is not None
+    with database.write() as session:
+        writer = store.Store(session)
+        current = writer.get(job.Job, "a")
+        current.metadata.finalizers = []
+        writer.update(current)
+        assert writer.find(job.Job, "a") is None
+    with database.read() as session:
+        types = [c.type for c in store.Store(session).changes_since(0, ["Job"])]
+    assert types == ["ADDED", "MODIFIED", "DELETED"]
+
+
+def test_events_aggregate_repeats(database: db.Database) -> None:
+    (created,) = _create(database, make_job("a").build())
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.record_event(created, "BackOff", "retrying in 10s", type_="Warning")
+        writer.record_event(created, "BackOff", "retrying in 10s", type_="Warning")
+        writer.record_event(created, "Started", "pid 42")
+    with database.read() as session:
+        events = store.Store(session).events_for(created)
+    assert [(e.spec.reason, e.spec.count, e.spec.type) for e in events] == [
+        ("BackOff", 2, "Warning"),
+        ("Started", 1, "Normal"),
+    ]
+
+
+def test_change_feed_is_ordered_resumable_and_keeps_deletions(database: db.Database) -> None:
+    _create(database, make_job("a").build(), make_job("b").build())
+    with database.read() as session:
+        middle = store.Store(session).current_revision()
+    with database.write() as session:
+        store.Store(session).delete(job.Job, "a")
+    with database.read() as session:
+        reader = store.Store(session)
+        everything = reader.changes_since(0)
+        resumed = reader.changes_since(middle)
+    assert [(c.type, c.name) for c in everything] == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+        ("DELETED", "a"),
+    ]
+    assert [(c.type, c.name) for c in resumed] == [("DELETED", "a")]
+    assert resumed[0].object["metadata"]["deletionTimestamp"]
+    revisions = [c.revision for c in everything]
+    assert revisions == sorted(revisions)
+
+
+def test_watch_wakes_on_a_write_without_polling(database: db.Database) -> None:
+    """The watcher's only timer is a 60 s resync; seeing a write within 10 s proves the wake-up."""
+    stop = threading.Event()
+    seen: list[str] = []
+    arrived = threading.Event()
+    with database.read() as session:
+        start = store.Store(session).current_revision()
+
+    def follow() -> None:
+        with feed.Watch(database, since=start, kinds=["Job"], stop=stop) as watch:
+            for batch in watch:
+                seen.extend(c.name for c in batch)
+                arrived.set()
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    time.sleep(0.3)  # let the watcher go idle first
+    _create(database, make_job("late").build())
+    assert arrived.wait(10), "the watcher was not woken by the write"
+    stop.set()
+    thread.join(10)
+    assert seen == ["late"]
+    assert not thread.is_alive()
+
+
+def test_watch_pages_through_one_large_transaction(database: db.Database) -> None:
+    jobs = [make_job(f"j{i:03d}").build() for i in range(250)]
+    _create(database, *jobs)
+    with feed.Watch(database, since=0, kinds=["Job"]) as watch:
+        names: list[str] = []
+        while len(names) < 250:
+            with database.read() as session:
+                page = store.Store(session).changes_since(0, ["Job"], limit=100)
+            assert len(page) == 100
+            batch = watch.poll()
+            assert batch, "the feed stopped before every change was read"
+            names.extend(c.name for c in batch)
+    assert names == [j.name for j in jobs]
+
+
+def _bump_counter(url: str, rounds: int) -> None:
+    database = db.Database.open(url)
+
+    def work(writer: store.Store) -> None:
+        current = writer.get(job.Job, "counter")
+        count = int(current.metadata.annotations.get("count", "0"))
+        current.metadata.annotations = {"count": str(count + 1)}
+        writer.update(current)
+
+    for _ in range(rounds):
+        store.transact(database, work, attempts=200)
+    database.close()
+
+
+def test_concurrent_read_modify_write_loses_no_update(database: db.Database, db_url: str) -> None:
+    _create(database, make_job("counter").build())
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_bump_counter, args=(db_url, 15)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    with database.read() as session:
+        final = store.Store(session).get(job.Job, "counter")
+    assert final.metadata.annotations["count"] == "60"
+
+
+def test_sqlite_file_is_private_and_tuned(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "gctl.db"
+    database = db.Database.open(str(path))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with database.engine.connect() as conn:
+        pragmas = {
+            name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "foreign_keys", "busy_timeout")
+        }
+    assert pragmas == {"journal_mode": "wal", "foreign_keys": 1, "busy_timeout": 30000}
+    database.close()
+
+
+def test_unreachable_postgres_is_one_clear_error() -> None:
+    database = db.Database(db.resolve_url("postgresql://postgres@127.0.0.1:1/nothing"))
+    with pytest.raises(errors.Unavailable, match=r"127\.0\.0\.1:1/nothing"):
+        database.ensure_schema()

@@ -1,0 +1,85 @@
+"""The migrations and the models agree, and upgrade and downgrade both run, on both databases."""
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+
+import migrations
+from gctl.api import errors
+from gctl.store import db, tables
+
+
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return config
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "m.db")
+    url: str = request.getfixturevalue("empty_pg_url")
+    return url
+
+
+def test_schema_head_constant_is_the_newest_migration() -> None:
+    assert ScriptDirectory.from_config(_config()).get_current_head() == tables.SCHEMA_HEAD
+
+
+def test_models_and_migrations_agree(fresh_url: str) -> None:
+    database = db.Database.open(fresh_url)
+    with database.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert compare_metadata(context, tables.Base.metadata) == []
+    database.close()
+
+
+def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
+    database = db.Database.open(fresh_url, migrate=False)
+    assert database.upgrade() == (None, tables.SCHEMA_HEAD)
+    assert database.upgrade() == (tables.SCHEMA_HEAD, tables.SCHEMA_HEAD)
+    config = _config()
+    with database.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "base")
+    assert database.schema_version() is None
+    database.ensure_schema()
+    assert database.schema_version() == tables.SCHEMA_HEAD
+    database.close()
+
+
+def _open(url: str) -> None:
+    db.Database.open(url).close()
+
+
+def test_racing_first_uses_migrate_once(fresh_url: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    racers = [context.Process(target=_open, args=(fresh_url,)) for _ in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(60)
+        assert racer.exitcode == 0
+    database = db.Database.open(fresh_url)
+    with database.engine.connect() as conn:
+        versions = conn.execute(text("SELECT count(*) FROM alembic_version")).scalar()
+        revisions = conn.execute(text("SELECT count(*) FROM revision")).scalar()
+    assert (versions, revisions) == (1, 1)
+    database.close()
+
+
+def test_newer_schema_is_refused(fresh_url: str) -> None:
+    database = db.Database.open(fresh_url)
+    with database.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(errors.Unavailable, match="newer than this gctl"):
+        db.Database.open(fresh_url)
+    database.close()

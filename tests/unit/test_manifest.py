@@ -1,0 +1,144 @@
+"""Reading manifests: what is accepted, and one-line errors that name file, document and field."""
+
+from pathlib import Path
+
+import pytest
+
+from gctl.api import errors, job, manifest, pool
+
+GOOD = """
+apiVersion: gctl/v1
+kind: Job
+metadata: {name: hello, labels: {team: nlp}}
+spec:
+  command: [python, train.py]
+  resources: {gpus: 0.5, gpuMemory: 24Gi, gpuModel: "*A100*"}
+---
+apiVersion: gctl/v1
+kind: GPUPool
+metadata: {name: a100}
+spec:
+  selector: {nodeLabels: {gpu: a100}, gpus: ["0-3", 5]}
+  maxJobsPerGPU: 2
+  policy: spread
+"""
+
+
+def _job(spec: str, name: str = "h") -> str:
+    return f"apiVersion: gctl/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec: {spec}\n"
+
+
+def test_multi_document_file() -> None:
+    parsed = manifest.parse("x.yaml", GOOD)
+    assert [str(m.source) for m in parsed] == ["x.yaml: document 1", "x.yaml: document 2"]
+    first, second = parsed[0].obj, parsed[1].obj
+    assert isinstance(first, job.Job)
+    assert first.spec.resources.gpus == 0.5
+    assert first.spec.resources.gpu_memory_bytes() == 24 * 2**30
+    assert isinstance(second, pool.GPUPool)
+    assert pool.expand_indices(second.spec.selector.gpus or []) == [0, 1, 2, 3, 5]
+    assert second.metadata.namespace is None
+
+
+def test_list_documents_and_empty_documents() -> None:
+    text = "---\n---\napiVersion: gctl/v1\nkind: List\nitems:\n" + "".join(
+        f"- apiVersion: gctl/v1\n  kind: Job\n  metadata: {{name: j{i}}}\n  spec: {{command: x}}\n"
+        for i in range(3)
+    )
+    assert [m.obj.name for m in manifest.parse("l.yaml", text)] == ["j0", "j1", "j2"]
+
+
+def test_status_and_server_fields_are_ignored_not_refused() -> None:
+    text = _job("{command: x}") + "status: {phase: Running, bogus: 1}\n"
+    (parsed,) = manifest.parse("s.yaml", text)
+    assert isinstance(parsed.obj, job.Job)
+    assert parsed.obj.status.phase == "Pending"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (_job("{command: x, foo: 1}"), "spec.foo: unknown field"),
+        (_job("{command: x, working_dir: /tmp}"), "spec.working_dir: unknown field"),
+        (_job("{command: x, priority: high}"), "spec.priority: must be a valid integer"),
+        (_job("{command: x}", name="Hello_World"), "metadata.name: 'Hello_World' is not a valid"),
+        (_job("{command: x, resources: {gpus: -1}}"), "spec.resources.gpus: must not be"),
+        (_job("{command: x, resources: {gpus: 1.5}}"), "spec.resources.gpus: 1.5 is neither"),
+        (_job("{command: x, resources: {gpuMemory: -5Gi}}"), "spec.resources.gpuMemory:"),
+        (_job("{command: [1, 2]}"), "spec.command: must be a list of strings"),
+        (_job("{command: x, env: {1A: b}}"), "spec.env.1A:"),
+        (_job("{command: x, dependsOn: [a, a]}"), "spec.dependsOn: names a Job twice"),
+        (_job("{command: x, placement: {gpus: [0, 1]}}"), "spec.placement: gpus lists 2"),
+        (_job("{command: x, backoffLimit: -1}"), "spec.backoffLimit:"),
+        (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
+        (_job('{command: x, env: {A: "\\0"}}'), "spec.env.A: contains a NUL character"),
+        (_job("{}"), "spec.command: required field is missing"),
+        ("apiVersion: gctl/v1\nkind: Jobz\nmetadata: {name: h}\n", "kind 'Jobz' is not a kind"),
+        ("kind: Job\nmetadata: {name: h}\n", "apiVersion is missing"),
+        ("apiVersion: gctl/v1\nkind: Job\nkind: Job\n", "line 7, column 1: invalid YAML: key"),
+        ("apiVersion: gctl/v1\nkind: Job\nspec: {command: x\n", "invalid YAML"),
+        ("- a\n- b\n", "expected a mapping"),
+        (
+            "apiVersion: gctl/v1\nkind: GPUPool\nmetadata: {name: p}\nspec: {policy: random}\n",
+            "spec.policy: must be 'binpack' or 'spread'",
+        ),
+        (
+            "apiVersion: gctl/v1\nkind: GPUPool\nmetadata: {name: p}\n"
+            "spec: {selector: {gpus: ['3-1']}}\n",
+            "spec.selector.gpus: range '3-1' runs backwards",
+        ),
+    ],
+)
+def test_errors_name_file_document_and_field(text: str, where: str) -> None:
+    with pytest.raises(errors.Invalid) as caught:
+        manifest.parse(
+            "bad.yaml", "apiVersion: gctl/v1\nkind: GPUPool\nmetadata: {name: ok}\n---\n" + text
+        )
+    message = str(caught.value)
+    assert message.startswith("bad.yaml: document 2")
+    assert where in message
+    assert "\n" not in message
+
+
+def test_directory_reads_manifests_only_and_recurses_on_request(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(_job("{command: x}", name="a"))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yml").write_text(_job("{command: x}", name="b"))
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "c.yaml").write_text("not: [valid")
+    flat = manifest.load([str(tmp_path)], recursive=False, namespace="default")
+    deep = manifest.load([str(tmp_path)], recursive=True, namespace="ns1")
+    assert [m.obj.name for m in flat] == ["a"]
+    assert [m.obj.name for m in deep] == ["a", "b"]
+    assert {m.obj.metadata.namespace for m in deep} == {"ns1"}
+
+
+def test_duplicates_across_files_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(_job("{command: x}", name="same"))
+    (tmp_path / "b.yaml").write_text(_job("{command: y}", name="same"))
+    with pytest.raises(errors.Invalid, match=r"b.yaml: document 1 .*already defined in .*a.yaml"):
+        manifest.load([str(tmp_path)], recursive=False, namespace="default")
+
+
+def test_same_name_in_two_namespaces_is_no_duplicate(tmp_path: Path) -> None:
+    text = (
+        _job("{command: x}", name="same")
+        + "---\n"
+        + _job("{command: x}", name="same").replace("name: same}", "name: same, namespace: other}")
+    )
+    (tmp_path / "a.yaml").write_text(text)
+    loaded = manifest.load([str(tmp_path)], recursive=False, namespace="default")
+    assert [m.obj.metadata.namespace for m in loaded] == ["default", "other"]
+
+
+def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
+    with pytest.raises(errors.Invalid, match="no such file or directory"):
+        manifest.load([str(tmp_path / "nope")], recursive=False, namespace="default")
+    with pytest.raises(errors.Invalid, match=r"no \.yaml, \.yml or \.json files"):
+        manifest.load([str(tmp_path)], recursive=False, namespace="default")
+
+
+def test_stdin() -> None:
+    loaded = manifest.load(["-"], recursive=False, namespace="default", stdin_text=GOOD)
+    assert str(loaded[0].source) == "<stdin>: document 1"

@@ -1,0 +1,37 @@
+"""Label selectors as kubectl parses them."""
+
+import pytest
+
+from gctl.api import errors, selector
+
+LABELS = {"team": "nlp", "env": "prod", "tier": "gold"}
+
+
+@pytest.mark.parametrize(
+    ("text", "matches"),
+    [
+        ("team=nlp", True),
+        ("team==nlp", True),
+        ("team=cv", False),
+        ("team!=cv", True),
+        ("team!=nlp", False),
+        ("team", True),
+        ("!team", False),
+        ("missing", False),
+        ("!missing", True),
+        ("team in (cv, nlp)", True),
+        ("team notin (cv,nlp)", False),
+        ("team=nlp,env=prod", True),
+        ("team=nlp,env=dev", False),
+        ("team in (nlp,cv),tier=gold", True),
+        ("", True),
+    ],
+)
+def test_matches(text: str, matches: bool) -> None:
+    assert selector.parse(text).matches(LABELS) is matches
+
+
+@pytest.mark.parametrize("text", ["a b", "team=(x", "bad key!=x", "team=a b"])
+def test_refused(text: str) -> None:
+    with pytest.raises(errors.Invalid, match="-l"):
+        selector.parse(text)
