@@ -6,7 +6,7 @@ SQLite needs batch mode to alter tables, so every migration is written with it.
 from alembic import context
 from sqlalchemy import create_engine
 
-from gctl.store import db, tables
+from gctl.store import locations, tables
 
 config = context.config
 
@@ -26,6 +26,6 @@ connection = config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    engine = create_engine(config.get_main_option("sqlalchemy.url") or db.resolve_url(None))
+    engine = create_engine(config.get_main_option("sqlalchemy.url") or locations.resolve_url(None))
     with engine.begin() as conn:
         _run(conn)

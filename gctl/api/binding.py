@@ -5,7 +5,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from gctl.api import meta
+from gctl.api import kinds, meta
 
 BindingPhase = Literal["Pending", "Running", "Exited", "Lost"]
 
@@ -37,10 +37,7 @@ class BindingStatus(meta.Model):
 
 
 class Binding(meta.Resource):
-    KIND: ClassVar[str] = "Binding"
-    PLURAL: ClassVar[str] = "bindings"
-    NAMESPACED: ClassVar[bool] = True
-    ALIASES: ClassVar[tuple[str, ...]] = ("binding", "bindings")
+    INFO: ClassVar[kinds.KindInfo] = kinds.BINDING
 
     kind: Literal["Binding"] = "Binding"
     spec: BindingSpec

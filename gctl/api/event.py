@@ -5,7 +5,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from gctl.api import meta
+from gctl.api import kinds, meta
 
 
 class ObjectReference(meta.Model):
@@ -31,10 +31,7 @@ class EventStatus(meta.Model):
 
 
 class Event(meta.Resource):
-    KIND: ClassVar[str] = "Event"
-    PLURAL: ClassVar[str] = "events"
-    NAMESPACED: ClassVar[bool] = True
-    ALIASES: ClassVar[tuple[str, ...]] = ("event", "events", "ev")
+    INFO: ClassVar[kinds.KindInfo] = kinds.EVENT
 
     kind: Literal["Event"] = "Event"
     spec: EventSpec

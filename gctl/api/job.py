@@ -5,7 +5,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, PlainSerializer, ValidationInfo, field_validator
 
-from gctl.api import meta, quantity
+from gctl.api import kinds, meta, quantity
 
 JobPhase = Literal["Pending", "Scheduled", "Running", "Succeeded", "Failed"]
 FINISHED_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
@@ -127,10 +127,7 @@ class JobStatus(meta.Model):
 
 
 class Job(meta.Resource):
-    KIND: ClassVar[str] = "Job"
-    PLURAL: ClassVar[str] = "jobs"
-    NAMESPACED: ClassVar[bool] = True
-    ALIASES: ClassVar[tuple[str, ...]] = ("job", "jobs")
+    INFO: ClassVar[kinds.KindInfo] = kinds.JOB
 
     kind: Literal["Job"] = "Job"
     spec: JobSpec

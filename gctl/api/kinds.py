@@ -1,30 +1,60 @@
-"""The registry of kinds: lookup by kind name or by the words users type (`jobs`, `pool`)."""
+"""The registry of kinds: their names, the words users type for them, and where their models live.
 
-from gctl.api import binding, errors, event, job, meta, node, pool
+Plain data, no pydantic: `gctl get` resolves `jobs` without loading any model. `model()` imports
+a kind's pydantic model when a command needs it.
+"""
 
-ALL: tuple[type[meta.Resource], ...] = (
-    job.Job,
-    pool.GPUPool,
-    node.Node,
-    binding.Binding,
-    event.Event,
-)
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from gctl.api import errors
+
+if TYPE_CHECKING:
+    from gctl.api import meta
+
+API_VERSION: Final = "gctl/v1"
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    kind: str
+    plural: str
+    namespaced: bool
+    aliases: tuple[str, ...]
+    module: str  # where the pydantic model of the same name lives
+
+
+JOB = KindInfo("Job", "jobs", True, ("job",), "gctl.api.job")
+GPUPOOL = KindInfo("GPUPool", "gpupools", False, ("gpupool", "pool", "pools"), "gctl.api.pool")
+NODE = KindInfo("Node", "nodes", False, ("node", "no"), "gctl.api.node")
+BINDING = KindInfo("Binding", "bindings", True, ("binding",), "gctl.api.binding")
+EVENT = KindInfo("Event", "events", True, ("event", "ev"), "gctl.api.event")
+
+ALL: tuple[KindInfo, ...] = (JOB, GPUPOOL, NODE, BINDING, EVENT)
 # Kinds a user may apply; Nodes, Bindings and Events are written by the agent and controller.
-APPLIABLE: frozenset[str] = frozenset({"Job", "GPUPool"})
-
-BY_KIND: dict[str, type[meta.Resource]] = {cls.KIND: cls for cls in ALL}
-_BY_WORD: dict[str, type[meta.Resource]] = {
-    word: cls for cls in ALL for word in (*cls.ALIASES, cls.KIND.lower(), cls.PLURAL)
+APPLIABLE: frozenset[str] = frozenset({JOB.kind, GPUPOOL.kind})
+BY_KIND: dict[str, KindInfo] = {info.kind: info for info in ALL}
+_BY_WORD: dict[str, KindInfo] = {
+    word: info for info in ALL for word in (*info.aliases, info.kind.lower(), info.plural)
 }
 
 
-def by_word(word: str) -> type[meta.Resource]:
+def by_word(word: str) -> KindInfo:
     """`jobs`, `job`, `job.gctl`, `pools` -> the kind; NotFound names the known words."""
     key = word.lower().removesuffix(".gctl")
     try:
         return _BY_WORD[key]
     except KeyError:
-        known = ", ".join(cls.PLURAL for cls in ALL)
+        known = ", ".join(info.plural for info in ALL)
         raise errors.NotFound(
             f'the server doesn\'t have a resource type "{word}" (known: {known})'
         ) from None
+
+
+def model(kind: str) -> "type[meta.Resource]":
+    """The pydantic model of a kind, imported on first use."""
+    info = BY_KIND[kind]
+    cls: type[meta.Resource] = getattr(importlib.import_module(info.module), info.kind)
+    return cls

@@ -13,7 +13,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from gctl.api import errors, kinds, meta
+from gctl.api import errors, kinds, meta, names
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 STDIN = "-"
@@ -38,15 +38,19 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
     """A safe loader that refuses a key given twice in one mapping, as Kubernetes does."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                mark = key_node.start_mark
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping", mark
-                )
-            seen.add(key)
+        # Compare the keys as written: constructing each key here would double the load time.
+        keys = [key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode)]
+        if len(set(keys)) != len(keys):
+            seen: set[str] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key_node.value!r} appears twice in one mapping",
+                        key_node.start_mark,
+                    )
+                seen.add(key_node.value)
         result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return result
 
@@ -142,15 +146,15 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
     what = _describe(document)
     where = f"{source} ({what})" if what else str(source)
     api_version = document.get("apiVersion")
-    if api_version != meta.API_VERSION:
+    if api_version != kinds.API_VERSION:
         found = "is missing" if api_version is None else f"is {api_version!r}"
-        raise errors.Invalid(f"{where}: {prefix}apiVersion {found}: use {meta.API_VERSION}")
+        raise errors.Invalid(f"{where}: {prefix}apiVersion {found}: use {kinds.API_VERSION}")
     kind = document.get("kind")
     if kind not in kinds.APPLIABLE:
         known = ", ".join(sorted(kinds.APPLIABLE))
         found = "is missing" if kind is None else f"{kind!r} is not a kind you can apply"
         raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
-    cls = kinds.BY_KIND[kind]
+    cls = kinds.model(kind)
     body = {key: value for key, value in document.items() if key != "status"}
     if (path := _nul_path(body, "")) is not None:
         raise errors.Invalid(
@@ -161,11 +165,11 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
         obj = cls.model_validate(body, by_alias=True, by_name=False)
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {_first_error(exc, prefix)}") from None
-    name_check = meta.check_dns_label if cls.NAMESPACED else meta.check_dns_subdomain
+    name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     try:
         name_check(obj.metadata.name)
         if obj.metadata.namespace is not None:
-            meta.check_dns_label(obj.metadata.namespace)
+            names.check_dns_label(obj.metadata.namespace)
     except ValueError as exc:
         field = "metadata.name" if "namespace" not in str(exc) else "metadata.namespace"
         raise errors.Invalid(f"{where}: {prefix}{field}: {exc}") from None

@@ -1,77 +1,31 @@
 """What every object shares: apiVersion and kind, metadata, conditions, and the name rules."""
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-API_VERSION: Final = "gctl/v1"
-DEFAULT_NAMESPACE = "default"
+from gctl.api import kinds, names
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+API_VERSION: Final = kinds.API_VERSION
+DEFAULT_NAMESPACE = kinds.DEFAULT_NAMESPACE
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def check_dns_label(value: str) -> str:
-    """Names of namespaced objects and namespaces: RFC 1123 labels, like Kubernetes."""
-    if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(
-            f"{value!r} is not a valid name: use at most 63 lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit"
-        )
-    return value
-
-
-def check_dns_subdomain(value: str) -> str:
-    """Names of nodes and other cluster objects: RFC 1123 subdomains (dots allowed)."""
-    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a valid name: use lowercase letters, digits, '-' and '.', "
-            "starting and ending with a letter or digit"
-        )
-    return value
-
-
-def check_label_key(key: str) -> str:
-    prefix, _, name = key.rpartition("/")
-    if prefix:
-        check_dns_subdomain(prefix)
-    if len(name) > 63 or not _LABEL_NAME.match(name):
-        raise ValueError(f"label key {key!r} is not valid: at most 63 of [A-Za-z0-9-_.]")
-    return key
-
-
-def check_label_value(value: str) -> str:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
-        raise ValueError(f"label value {value!r} is not valid: at most 63 of [A-Za-z0-9-_.]")
-    return value
-
-
-def check_env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise ValueError(f"{value!r} is not a valid environment variable name")
-    return value
-
-
 def _check_labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
-        check_label_key(key)
-        check_label_value(value)
+        names.check_label_key(key)
+        names.check_label_value(value)
     return labels
 
 
-DNSLabel = Annotated[str, AfterValidator(check_dns_label)]
-DNSSubdomain = Annotated[str, AfterValidator(check_dns_subdomain)]
-EnvName = Annotated[str, AfterValidator(check_env_name)]
+DNSLabel = Annotated[str, AfterValidator(names.check_dns_label)]
+DNSSubdomain = Annotated[str, AfterValidator(names.check_dns_subdomain)]
+EnvName = Annotated[str, AfterValidator(names.check_env_name)]
 Labels = Annotated[dict[str, str], AfterValidator(_check_labels)]
 
 
@@ -165,10 +119,16 @@ def set_condition(
 class Resource(Model):
     """One stored object. Subclasses fix `kind` and type `spec` and `status`."""
 
+    INFO: ClassVar[kinds.KindInfo]
     KIND: ClassVar[str]
     PLURAL: ClassVar[str]
     NAMESPACED: ClassVar[bool]
-    ALIASES: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        info = cls.__dict__.get("INFO")
+        if info is not None:  # the registry is the one place a kind's names are written
+            cls.KIND, cls.PLURAL, cls.NAMESPACED = info.kind, info.plural, info.namespaced
 
     api_version: Literal["gctl/v1"] = API_VERSION
     kind: str

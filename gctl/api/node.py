@@ -5,7 +5,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from gctl.api import meta
+from gctl.api import kinds, meta
 
 
 class GPUProcess(meta.Model):
@@ -45,10 +45,7 @@ class NodeStatus(meta.Model):
 
 
 class Node(meta.Resource):
-    KIND: ClassVar[str] = "Node"
-    PLURAL: ClassVar[str] = "nodes"
-    NAMESPACED: ClassVar[bool] = False
-    ALIASES: ClassVar[tuple[str, ...]] = ("node", "nodes", "no")
+    INFO: ClassVar[kinds.KindInfo] = kinds.NODE
 
     kind: Literal["Node"] = "Node"
     spec: NodeSpec = Field(default_factory=NodeSpec)

@@ -5,7 +5,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 
-from gctl.api import meta
+from gctl.api import kinds, meta
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
@@ -67,10 +67,7 @@ class GPUPoolStatus(meta.Model):
 
 
 class GPUPool(meta.Resource):
-    KIND: ClassVar[str] = "GPUPool"
-    PLURAL: ClassVar[str] = "gpupools"
-    NAMESPACED: ClassVar[bool] = False
-    ALIASES: ClassVar[tuple[str, ...]] = ("gpupool", "gpupools", "pool", "pools")
+    INFO: ClassVar[kinds.KindInfo] = kinds.GPUPOOL
 
     kind: Literal["GPUPool"] = "GPUPool"
     spec: GPUPoolSpec = Field(default_factory=GPUPoolSpec)

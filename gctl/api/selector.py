@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from gctl.api import errors, meta
+from gctl.api import errors, names
 
 _SET = re.compile(r"^\s*([^\s!=(),]+)\s+(in|notin)\s*\(([^)]*)\)\s*$")
 _EQUALITY = re.compile(r"^\s*([^\s!=(),]+)\s*(==|=|!=)\s*([^\s!=(),]*)\s*$")
@@ -61,15 +61,15 @@ def _requirement(part: str) -> Requirement:
         if match := _SET.match(part):
             values = frozenset(v.strip() for v in match.group(3).split(",") if v.strip())
             for value in values:
-                meta.check_label_value(value)
-            return Requirement(meta.check_label_key(match.group(1)), match.group(2), values)
+                names.check_label_value(value)
+            return Requirement(names.check_label_key(match.group(1)), match.group(2), values)
         if match := _EQUALITY.match(part):
             operator = "notin" if match.group(2) == "!=" else "in"
-            value = meta.check_label_value(match.group(3))
-            return Requirement(meta.check_label_key(match.group(1)), operator, frozenset({value}))
+            value = names.check_label_value(match.group(3))
+            return Requirement(names.check_label_key(match.group(1)), operator, frozenset({value}))
         if match := _EXISTS.match(part):
             operator = "!exists" if match.group(1) else "exists"
-            return Requirement(meta.check_label_key(match.group(2)), operator, frozenset())
+            return Requirement(names.check_label_key(match.group(2)), operator, frozenset())
     except ValueError as exc:
         raise errors.Invalid(f"-l {part.strip()!r}: {exc}") from None
     raise errors.Invalid(

@@ -85,9 +85,7 @@ def plan(
 
 
 def _applied_fields(obj: meta.Resource) -> tuple[Any, ...]:
-    wire = obj.wire()
-    metadata = wire["metadata"]
-    return wire["spec"], metadata.get("labels", {}), metadata.get("annotations", {})
+    return obj.spec, obj.metadata.labels, obj.metadata.annotations
 
 
 def _check_preconditions(m: manifest.Manifest, existing: meta.Resource) -> None:

@@ -1,14 +1,23 @@
-"""The bodies of the CLI commands; `main` imports this module only when a command runs."""
+"""The bodies of the CLI commands; `main` imports this module only when a command runs.
+
+Its top level imports no SQLAlchemy and no pydantic: `get` lists through `listing` and must stay
+fast. Commands that validate or write import what they need when they run.
+"""
+
+from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, kinds, manifest, meta, selector
-from gctl.cli import apply as applying
+from gctl.api import errors, kinds, selector
 from gctl.cli import printers
-from gctl.store import db, feed, store
+from gctl.store import listing, locations
+
+if TYPE_CHECKING:
+    from gctl.api import manifest
+    from gctl.store import db, store
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -31,8 +40,12 @@ def apply(
     output: str,
     db_url: str | None,
 ) -> None:
+    from gctl.api import manifest
+    from gctl.cli import apply as applying
+    from gctl.store import db
+
     _check_output(output)
-    manifests = manifest.load(files, recursive, namespace or meta.DEFAULT_NAMESPACE)
+    manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
     _check_namespace(manifests, namespace)
     database = db.Database.open(db_url)
     results = applying.apply(database, manifests, force, dry_run)
@@ -65,8 +78,12 @@ def _check_namespace(manifests: Sequence[manifest.Manifest], namespace: str | No
 def diff(
     *, files: list[str], recursive: bool, namespace: str | None, force: bool, db_url: str | None
 ) -> None:
+    from gctl.api import manifest
+    from gctl.cli import apply as applying
+    from gctl.store import db
+
     try:
-        manifests = manifest.load(files, recursive, namespace or meta.DEFAULT_NAMESPACE)
+        manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
         _check_namespace(manifests, namespace)
         text = applying.diff(db.Database.open(db_url), manifests, force)
     except errors.GctlError as exc:
@@ -76,26 +93,48 @@ def diff(
     raise SystemExit(1 if text else 0)
 
 
-def _resource_and_names(resource: str, names: list[str]) -> tuple[type[meta.Resource], list[str]]:
+def _resource_and_names(resource: str, names: list[str]) -> tuple[kinds.KindInfo, list[str]]:
     """`jobs a b`, `job/a`: the kind and the names."""
     word, slash, name = resource.partition("/")
-    cls = kinds.by_word(word)
+    info = kinds.by_word(word)
     if slash:
         if not name:
             raise errors.Invalid(f"{resource}: name the object after the slash")
         names = [name, *names]
-    return cls, names
+    return info, names
 
 
-def _where(cls: type[meta.Resource], namespace: str | None, all_namespaces: bool) -> str | None:
-    if not cls.NAMESPACED:
+def _where(info: kinds.KindInfo, namespace: str | None, all_namespaces: bool) -> str | None:
+    if not info.namespaced:
         return None
-    return None if all_namespaces else (namespace or meta.DEFAULT_NAMESPACE)
+    return None if all_namespaces else (namespace or kinds.DEFAULT_NAMESPACE)
 
 
-def _no_resources(cls: type[meta.Resource], where: str | None) -> None:
-    place = f" in {where} namespace" if where is not None and cls.NAMESPACED else ""
+def _no_resources(info: kinds.KindInfo, where: str | None) -> None:
+    place = f" in {where} namespace" if where is not None and info.namespaced else ""
     print(f"No resources found{place}.", file=sys.stderr)
+
+
+def _not_found(info: kinds.KindInfo, name: str, where: str | None) -> str:
+    place = f' in namespace "{where}"' if info.namespaced and where is not None else ""
+    return f'{info.kind.lower()} "{name}" not found{place}'
+
+
+def _list(
+    db_url: str | None, info: kinds.KindInfo, where: str | None, names: Sequence[str] | None
+) -> listing.Snapshot:
+    """Read through the driver alone; only a database that must first be created or migrated
+    (or cannot be reached) takes the full path, which says what is wrong."""
+    url = locations.resolve_url(db_url)
+    snapshot = listing.read(url, info, where, names)
+    if snapshot is None:
+        from gctl.store import db
+
+        db.Database.open(db_url).close()
+        snapshot = listing.read(url, info, where, names)
+        if snapshot is None:
+            raise errors.Unavailable(f"cannot read {info.plural} from the database")
+    return snapshot
 
 
 def get(
@@ -112,38 +151,40 @@ def get(
     db_url: str | None,
 ) -> None:
     _check_output(output)
-    cls, names = _resource_and_names(resource, names)
+    info, names = _resource_and_names(resource, names)
     label_selector = selector.parse(selector_text) if selector_text else None
-    where = _where(cls, namespace, all_namespaces)
-    database = db.Database.open(db_url)
-    with database.read() as session:
-        reader = store.Store(session)
-        revision = reader.current_revision()
-        wires = reader.list_wire(cls, where, label_selector, names or None)
+    where = _where(info, namespace, all_namespaces)
+    snapshot = _list(db_url, info, where, names or None)
+    wires = snapshot.wires
+    if label_selector is not None:
+        wires = [w for w in wires if label_selector.matches(w["metadata"].get("labels", {}))]
     missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
     table = None
     if output in ("", "wide"):
         table = printers.Table(
-            cls.KIND,
+            info.kind,
             output == "wide",
-            namespaces=cls.NAMESPACED and where is None,
+            namespaces=info.namespaced and where is None,
             show_labels=show_labels,
         )
+    following = watch or watch_only
     if not watch_only:
         if wires:
             printers.print_objects(wires, output, table, single=len(names) == 1)
-        elif not names and not (watch or watch_only):
-            _no_resources(cls, where)
-    if missing and not (watch or watch_only):
+        elif not names and not following:
+            _no_resources(info, where)
+    if missing and not following:
         for name in missing:
-            print(f"error: {store.namespaced_not_found(cls, name, where)}", file=sys.stderr)
+            print(f"error: {_not_found(info, name, where)}", file=sys.stderr)
         raise SystemExit(1)
-    if watch or watch_only:
+    if following:
+        from gctl.store import db
+
         sys.stdout.flush()
         _watch(
-            database=database,
-            cls=cls,
-            revision=revision,
+            database=db.Database.open(db_url),
+            kind=info.kind,
+            revision=snapshot.revision,
             where=where,
             label_selector=label_selector,
             names=set(names),
@@ -155,7 +196,7 @@ def get(
 def _watch(
     *,
     database: db.Database,
-    cls: type[meta.Resource],
+    kind: str,
     revision: int,
     where: str | None,
     label_selector: selector.Selector | None,
@@ -163,7 +204,9 @@ def _watch(
     output: str,
     table: printers.Table | None,
 ) -> None:
-    with feed.Watch(database, since=revision, kinds=[cls.KIND]) as changes:
+    from gctl.store import feed
+
+    with feed.Watch(database, since=revision, kinds=[kind]) as changes:
         for batch in changes:
             wires = [
                 c.object
@@ -197,25 +240,29 @@ def _watch(
 
 def describe(*, resource: str, names: list[str], namespace: str | None, db_url: str | None) -> None:
     from gctl.cli import describe as describing
+    from gctl.store import db, store
 
-    cls, names = _resource_and_names(resource, names)
-    where = _where(cls, namespace, False)
+    info, names = _resource_and_names(resource, names)
+    cls = kinds.model(info.kind)
+    where = _where(info, namespace, False)
     database = db.Database.open(db_url)
     with database.read() as session:
         reader = store.Store(session)
         wires = reader.list_wire(cls, where, names=names or None)
-        if names and len(wires) < len(set(names)):
-            found = {w["metadata"]["name"] for w in wires}
-            missing = sorted(set(names) - found)[0]
-            raise errors.NotFound(store.namespaced_not_found(cls, missing, where))
+        missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
+        if missing:
+            raise errors.NotFound(_not_found(info, missing[0], where))
         if not wires:
-            _no_resources(cls, where)
+            _no_resources(info, where)
             return
-        texts = []
-        for wire in wires:
-            obj = cls.model_validate(wire)
-            texts.append(describing.render(wire, reader.events_for(obj), datetime.now(UTC)))
+        texts = [
+            describing.render(wire, reader.events_for(cls.model_validate(wire)), datetime.now(UTC))
+            for wire in wires
+        ]
     sys.stdout.write("\n\n".join(texts))
+
+
+Target = tuple[kinds.KindInfo, str | None, str | None]  # kind, name (None: by query), namespace
 
 
 def delete(
@@ -231,6 +278,8 @@ def delete(
     wait: bool,
     db_url: str | None,
 ) -> None:
+    from gctl.store import db, store
+
     targets = _delete_targets(
         resource=resource,
         names=names,
@@ -246,9 +295,9 @@ def delete(
 
     def work(writer: store.Store) -> tuple[list[tuple[Any, bool]], list[str]]:
         done, missing = [], []
-        for cls, name, where in _expand(writer, targets, selector_text, all_):
+        for info, name, where in _expand(writer, targets, selector_text, all_):
             try:
-                done.append(writer.delete(cls, name, where))
+                done.append(writer.delete(kinds.model(info.kind), name, where))
             except errors.NotFound as exc:
                 missing.append(str(exc))
         return done, missing
@@ -267,9 +316,6 @@ def delete(
         print("No resources found", file=sys.stderr)
 
 
-Target = tuple[type[meta.Resource], str | None, str | None]  # kind, name (None: by query), ns
-
-
 def _delete_targets(
     *,
     resource: str | None,
@@ -281,38 +327,42 @@ def _delete_targets(
     namespace: str | None,
 ) -> list[Target]:
     if files:
+        from gctl.api import manifest
+
         if resource is not None:
             raise errors.Invalid("name objects either with -f or as KIND NAME, not both")
-        manifests = manifest.load(files, recursive, namespace or meta.DEFAULT_NAMESPACE)
-        return [(type(m.obj), m.obj.name, m.obj.metadata.namespace) for m in manifests]
+        manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
+        return [(m.obj.INFO, m.obj.name, m.obj.metadata.namespace) for m in manifests]
     if resource is None:
         raise errors.Invalid(
             "say what to delete: KIND NAME..., KIND/NAME, -f FILE, KIND -l SELECTOR or KIND --all"
         )
-    cls, names = _resource_and_names(resource, names)
-    where = _where(cls, namespace, False)
+    info, names = _resource_and_names(resource, names)
+    where = _where(info, namespace, False)
     if names:
-        return [(cls, name, where) for name in names]
+        return [(info, name, where) for name in names]
     if not (all_ or selector_text):
-        raise errors.Invalid(f"name the {cls.PLURAL} to delete, or use -l SELECTOR or --all")
-    return [(cls, None, where)]
+        raise errors.Invalid(f"name the {info.plural} to delete, or use -l SELECTOR or --all")
+    return [(info, None, where)]
 
 
 def _expand(
     reader: store.Store, targets: list[Target], selector_text: str | None, all_: bool
-) -> list[tuple[type[meta.Resource], str, str | None]]:
+) -> list[tuple[kinds.KindInfo, str, str | None]]:
     expanded = []
-    for cls, name, where in targets:
+    for info, name, where in targets:
         if name is not None:
-            expanded.append((cls, name, where))
+            expanded.append((info, name, where))
             continue
         label_selector = selector.parse(selector_text) if selector_text and not all_ else None
-        for wire in reader.list_wire(cls, where, label_selector):
-            expanded.append((cls, wire["metadata"]["name"], where))
+        for wire in reader.list_wire(kinds.model(info.kind), where, label_selector):
+            expanded.append((info, wire["metadata"]["name"], where))
     return expanded
 
 
 def _wait_gone(database: db.Database, revision: int, uids: set[str | None]) -> None:
+    from gctl.store import feed
+
     with feed.Watch(database, since=revision) as changes:
         for batch in changes:
             uids -= {c.uid for c in batch if c.type == "DELETED"}
@@ -321,6 +371,8 @@ def _wait_gone(database: db.Database, revision: int, uids: set[str | None]) -> N
 
 
 def db_upgrade(db_url: str | None) -> None:
+    from gctl.store import db
+
     database = db.Database.open(db_url, migrate=False)
     before, after = database.upgrade()
     where = db.display_url(database.url)

@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-import yaml
-
-from gctl.api import meta, quantity
+from gctl.api import kinds, quantity
 
 Wire = dict[str, Any]
 Column = tuple[str, Callable[[Wire, datetime], str]]
@@ -241,10 +239,12 @@ def ref(w: Wire) -> str:
 
 
 def as_list(wires: Sequence[Wire]) -> Wire:
-    return {"apiVersion": meta.API_VERSION, "kind": "List", "items": list(wires)}
+    return {"apiVersion": kinds.API_VERSION, "kind": "List", "items": list(wires)}
 
 
 def dump_yaml(document: Any) -> str:
+    import yaml
+
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     text: str = yaml.dump(
         document, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True
@@ -261,9 +261,10 @@ def print_objects(
     output: str,
     table: Table | None,
     single: bool,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> None:
     """Print a result set in the chosen format; `single` prints one object, not a List."""
+    out = out or sys.stdout
     if output == "name":
         out.writelines(ref(w) + "\n" for w in wires)
     elif output in ("yaml", "json"):

@@ -1,7 +1,6 @@
-"""Opening the database: where it is, how SQLite is tuned, and keeping the schema current.
+"""Opening the database: how SQLite is tuned, and keeping the schema current.
 
-The URL comes from the `--db` flag, then `GCTL_DB`, then a per-user SQLite file. A plain path
-means SQLite; `postgresql://` and `postgres://` mean PostgreSQL through psycopg 3.
+Where the database is comes from `locations`.
 """
 
 import os
@@ -14,27 +13,10 @@ from sqlalchemy import Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session
 
 from gctl.api import errors
-from gctl.store import tables
+from gctl.store import locations, schema
 
-ENV_VAR = "GCTL_DB"
 MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-def default_sqlite_path() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
-    return Path(base) / "gctl" / "gctl.db"
-
-
-def resolve_url(flag: str | None) -> str:
-    """The SQLAlchemy URL for `--db`, else `GCTL_DB`, else the per-user SQLite file."""
-    raw = flag or os.environ.get(ENV_VAR) or str(default_sqlite_path())
-    if "://" not in raw:
-        return f"sqlite:///{Path(raw).expanduser().resolve()}"
-    for prefix in ("postgresql://", "postgres://"):
-        if raw.startswith(prefix):
-            return "postgresql+psycopg://" + raw.removeprefix(prefix)
-    return raw
 
 
 def display_url(url: str) -> str:
@@ -70,7 +52,7 @@ class Database:
 
     @classmethod
     def open(cls, flag: str | None = None, *, migrate: bool = True) -> "Database":
-        db = cls(resolve_url(flag))
+        db = cls(locations.resolve_url(flag))
         if migrate:
             try:
                 db.ensure_schema()
@@ -106,7 +88,7 @@ class Database:
     def ensure_schema(self) -> None:
         """Upgrade the schema on first use; refuse a database made by a newer gctl."""
         current = self.schema_version()
-        if current == tables.SCHEMA_HEAD:
+        if current == schema.HEAD:
             return
         self.upgrade()
 
@@ -130,11 +112,11 @@ class Database:
             if before is not None and before not in known:
                 raise errors.Unavailable(
                     f"{display_url(self.url)} has schema {before}, newer than this gctl "
-                    f"knows ({tables.SCHEMA_HEAD}): upgrade gctl"
+                    f"knows ({schema.HEAD}): upgrade gctl"
                 )
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
-        return before, tables.SCHEMA_HEAD
+        return before, schema.HEAD
 
 
 def _version_in(conn: Any) -> str | None:

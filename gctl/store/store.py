@@ -17,7 +17,7 @@ from sqlalchemy import Row, Table, delete, exc, insert, select, update
 from sqlalchemy.orm import Session
 
 from gctl.api import errors, event, meta, selector
-from gctl.store import db, tables
+from gctl.store import db, listing, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
@@ -45,37 +45,12 @@ def _table(kind: str) -> Table:
     return tables.table_of(kind)
 
 
-def timestamp(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
-
-
 def namespace_of(cls: type[meta.Resource], namespace: str | None) -> str:
-    """The stored namespace: "" for cluster-scoped kinds, `default` when none is given."""
-    if not cls.NAMESPACED:
-        return ""
-    return namespace or meta.DEFAULT_NAMESPACE
+    return listing.namespace_of(cls.INFO, namespace)
 
 
 def row_to_wire(cls: type[meta.Resource], row: Row[Any]) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": row.name}
-    if cls.NAMESPACED:
-        metadata["namespace"] = row.namespace
-    for key in ("labels", "annotations", "finalizers"):
-        if value := getattr(row, key):
-            metadata[key] = value
-    metadata["uid"] = row.uid
-    metadata["generation"] = row.generation
-    metadata["resourceVersion"] = str(row.resource_version)
-    metadata["creationTimestamp"] = timestamp(row.created_at)
-    if row.deleted_at is not None:
-        metadata["deletionTimestamp"] = timestamp(row.deleted_at)
-    return {
-        "apiVersion": meta.API_VERSION,
-        "kind": cls.KIND,
-        "metadata": metadata,
-        "spec": row.spec,
-        "status": row.status,
-    }
+    return listing.row_to_wire(cls.INFO, row._mapping)
 
 
 class Store:

@@ -18,8 +18,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-# The newest migration; the Store upgrades a database whose alembic_version differs.
-SCHEMA_HEAD = "0001"
+from gctl.store import schema
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -84,7 +83,7 @@ class ObjectRow:
 
 
 class JobRow(ObjectRow, Base):
-    __tablename__ = "jobs"
+    __tablename__ = schema.TABLES["Job"]
     __table_args__ = (
         Index("uq_jobs_namespace_name", "namespace", "name", unique=True),
         # The scheduler's queue: pending jobs by priority, then age.
@@ -104,17 +103,17 @@ class JobRow(ObjectRow, Base):
 
 
 class GPUPoolRow(ObjectRow, Base):
-    __tablename__ = "gpupools"
+    __tablename__ = schema.TABLES["GPUPool"]
     __table_args__ = (Index("uq_gpupools_namespace_name", "namespace", "name", unique=True),)
 
 
 class NodeRow(ObjectRow, Base):
-    __tablename__ = "nodes"
+    __tablename__ = schema.TABLES["Node"]
     __table_args__ = (Index("uq_nodes_namespace_name", "namespace", "name", unique=True),)
 
 
 class BindingRow(ObjectRow, Base):
-    __tablename__ = "bindings"
+    __tablename__ = schema.TABLES["Binding"]
     __table_args__ = (
         Index("uq_bindings_namespace_name", "namespace", "name", unique=True),
         Index("ix_bindings_node", "node", "phase"),
@@ -134,7 +133,7 @@ class BindingRow(ObjectRow, Base):
 
 
 class EventRow(ObjectRow, Base):
-    __tablename__ = "events"
+    __tablename__ = schema.TABLES["Event"]
     __table_args__ = (
         Index("uq_events_namespace_name", "namespace", "name", unique=True),
         Index("ix_events_involved_uid", "involved_uid"),

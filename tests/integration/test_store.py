@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gctl.api import errors, job, meta, pool
-from gctl.store import db, feed, store
+from gctl.store import db, feed, locations, store
 from tests.builders import make_job
 
 
@@ -223,6 +223,6 @@ def test_sqlite_file_is_private_and_tuned(tmp_path: Path) -> None:
 
 
 def test_unreachable_postgres_is_one_clear_error() -> None:
-    database = db.Database(db.resolve_url("postgresql://postgres@127.0.0.1:1/nothing"))
+    database = db.Database(locations.resolve_url("postgresql://postgres@127.0.0.1:1/nothing"))
     with pytest.raises(errors.Unavailable, match=r"127\.0\.0\.1:1/nothing"):
         database.ensure_schema()

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 import migrations
 from gctl.api import errors
-from gctl.store import db, tables
+from gctl.store import db, schema, tables
 
 
 def _config() -> Config:
@@ -31,7 +31,7 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_schema_head_constant_is_the_newest_migration() -> None:
-    assert ScriptDirectory.from_config(_config()).get_current_head() == tables.SCHEMA_HEAD
+    assert ScriptDirectory.from_config(_config()).get_current_head() == schema.HEAD
 
 
 def test_models_and_migrations_agree(fresh_url: str) -> None:
@@ -44,15 +44,15 @@ def test_models_and_migrations_agree(fresh_url: str) -> None:
 
 def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
     database = db.Database.open(fresh_url, migrate=False)
-    assert database.upgrade() == (None, tables.SCHEMA_HEAD)
-    assert database.upgrade() == (tables.SCHEMA_HEAD, tables.SCHEMA_HEAD)
+    assert database.upgrade() == (None, schema.HEAD)
+    assert database.upgrade() == (schema.HEAD, schema.HEAD)
     config = _config()
     with database.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, "base")
     assert database.schema_version() is None
     database.ensure_schema()
-    assert database.schema_version() == tables.SCHEMA_HEAD
+    assert database.schema_version() == schema.HEAD
     database.close()
 
 
