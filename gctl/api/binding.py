@@ -8,6 +8,13 @@ from pydantic import Field
 from gctl.api import kinds, meta
 
 BindingPhase = Literal["Pending", "Running", "Exited", "Lost"]
+ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Running"})
+
+# Why the controller asks the agent to stop an attempt (spec.stopReason).
+STOP_DELETED = "Deleted"
+STOP_DEADLINE = "DeadlineExceeded"
+STOP_SUSPENDED = "Suspended"
+STOP_NODE_LOST = "NodeLost"
 
 
 class BindingSpec(meta.Model):
@@ -18,7 +25,8 @@ class BindingSpec(meta.Model):
     attempt: int = Field(ge=1)
     node: str
     gpus: list[int] = Field(default_factory=list)
-    gpu_share: float = Field(default=1.0, gt=0, le=1)
+    gpu_share: float = Field(default=1.0, ge=0, le=1)  # of each GPU; 0 for a CPU-only job
+    stop_reason: str | None = None  # set by the controller: stop this attempt
 
 
 class BindingStatus(meta.Model):
@@ -34,6 +42,7 @@ class BindingStatus(meta.Model):
     reason: str | None = None
     message: str | None = None
     log_path: str | None = None
+    signal: str | None = None
 
 
 class Binding(meta.Resource):

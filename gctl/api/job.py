@@ -10,6 +10,22 @@ from gctl.api import kinds, meta, quantity
 JobPhase = Literal["Pending", "Scheduled", "Running", "Succeeded", "Failed"]
 FINISHED_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
+# Held while a Job has attempts to stop or clean up: deleting it waits for its process to end.
+FINALIZER = "gctl/attempts"
+
+# Condition types and reasons, side by side as Kubernetes API types declare them.
+CONDITION_SCHEDULED = "Scheduled"
+CONDITION_COMPLETE = "Complete"
+CONDITION_FAILED = "Failed"
+CONDITION_SUSPENDED = "Suspended"
+REASON_COMPLETED = "Completed"
+REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
+REASON_DEADLINE = "DeadlineExceeded"
+REASON_BACKOFF = "BackOff"
+REASON_UNSCHEDULABLE = "Unschedulable"
+REASON_WAITING_DEPENDENCIES = "WaitingForDependencies"
+REASON_DEPENDENCY_FAILED = "DependencyFailed"
+
 # Once a Job leaves Pending these spec fields are fixed: changing them means a new run.
 IMMUTABLE_ONCE_STARTED: tuple[str, ...] = ("command", "resources", "placement")
 
@@ -117,6 +133,8 @@ class JobStatus(meta.Model):
     observed_generation: int | None = None
     conditions: list[meta.Condition] = Field(default_factory=list)
     attempts: int = 0
+    failed: int = 0  # attempts that failed; retries stop when it exceeds backoffLimit
+    retry_after: datetime | None = None
     node: str | None = None
     gpus: list[int] | None = None
     start_time: datetime | None = None

@@ -6,11 +6,14 @@ runs (ruff's banned-module-level-imports and a test on sys.modules keep it so).
 
 import os
 import sys
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 import gctl
+
+if TYPE_CHECKING:
+    from gctl.cli import daemons
 
 app = typer.Typer(
     name="gctl",
@@ -195,6 +198,125 @@ def delete(
         wait=wait,
         db_url=db,
     )
+
+
+controller_app = typer.Typer(
+    help="The controller: schedules and follows Jobs.", no_args_is_help=True
+)
+agent_app = typer.Typer(help="The node agent: runs this host's bound Jobs.", no_args_is_help=True)
+app.add_typer(controller_app, name="controller")
+app.add_typer(agent_app, name="agent")
+
+FakeGpusOpt = Annotated[
+    int | None,
+    typer.Option("--fake-gpus", help="Offer N fake GPUs instead of asking NVML.", min=0),
+]
+GpuModelOpt = Annotated[str, typer.Option("--gpu-model", help="Model name of fake GPUs.")]
+GpuMemoryOpt = Annotated[str, typer.Option("--gpu-memory", help="Memory of each fake GPU.")]
+NodeNameOpt = Annotated[
+    str | None, typer.Option("--node-name", help="This node's name (default: the host name).")
+]
+StateDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--state-dir", help="Where attempts and logs live (default: ~/.local/state/gctl/NODE)."
+    ),
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="Node label key=value (repeatable).")
+]
+HeartbeatOpt = Annotated[
+    float, typer.Option("--heartbeat", help="Seconds between heartbeats.", min=0.1)
+]
+GraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--grace-period", help="Seconds between SIGTERM and SIGKILL when stopping.", min=0
+    ),
+]
+NodeTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--node-timeout", help="Seconds without a heartbeat before a node is lost.", min=0.5
+    ),
+]
+
+
+def _agent_options(
+    node_name: str | None,
+    fake_gpus: int | None,
+    gpu_model: str,
+    gpu_memory: str,
+    state_dir: str | None,
+    labels: list[str] | None,
+    heartbeat: float,
+    grace: float,
+) -> "daemons.AgentOptions":
+    from pathlib import Path
+
+    from gctl.cli import daemons
+
+    return daemons.AgentOptions(
+        node_name=node_name,
+        fake_gpus=fake_gpus,
+        gpu_model=gpu_model,
+        gpu_memory=gpu_memory,
+        state_dir=Path(state_dir) if state_dir else None,
+        labels=labels or [],
+        heartbeat_seconds=heartbeat,
+        grace_seconds=grace,
+    )
+
+
+@app.command()
+def up(
+    fake_gpus: FakeGpusOpt = None,
+    gpu_model: GpuModelOpt = "Fake GPU",
+    gpu_memory: GpuMemoryOpt = "80Gi",
+    node_name: NodeNameOpt = None,
+    state_dir: StateDirOpt = None,
+    label: LabelOpt = None,
+    heartbeat: HeartbeatOpt = 10.0,
+    grace_period: GraceOpt = 10.0,
+    node_timeout: NodeTimeoutOpt = 40.0,
+    db: DbOpt = None,
+) -> None:
+    """Run the controller and a local node agent in one foreground process."""
+    from gctl.cli import daemons
+
+    options = _agent_options(
+        node_name, fake_gpus, gpu_model, gpu_memory, state_dir, label, heartbeat, grace_period
+    )
+    daemons.up(db, options, node_timeout)
+
+
+@controller_app.command("run")
+def controller_run(node_timeout: NodeTimeoutOpt = 40.0, db: DbOpt = None) -> None:
+    """Run the controller in the foreground."""
+    from gctl.cli import daemons
+
+    daemons.controller(db, node_timeout)
+
+
+@agent_app.command("run")
+def agent_run(
+    fake_gpus: FakeGpusOpt = None,
+    gpu_model: GpuModelOpt = "Fake GPU",
+    gpu_memory: GpuMemoryOpt = "80Gi",
+    node_name: NodeNameOpt = None,
+    state_dir: StateDirOpt = None,
+    label: LabelOpt = None,
+    heartbeat: HeartbeatOpt = 10.0,
+    grace_period: GraceOpt = 10.0,
+    db: DbOpt = None,
+) -> None:
+    """Run a node agent for this host in the foreground."""
+    from gctl.cli import daemons
+
+    options = _agent_options(
+        node_name, fake_gpus, gpu_model, gpu_memory, state_dir, label, heartbeat, grace_period
+    )
+    daemons.agent(db, options)
 
 
 @db_app.command("upgrade")

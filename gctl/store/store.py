@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Row, Table, delete, exc, insert, select, update
 from sqlalchemy.orm import Session
 
-from gctl.api import errors, event, meta, selector
+from gctl.api import binding, errors, event, job, meta, selector
 from gctl.store import db, listing, tables
 
 T = TypeVar("T", bound=meta.Resource)
@@ -141,6 +141,32 @@ class Store:
         if found is None:
             raise errors.NotFound(namespaced_not_found(cls, name, namespace))
         return found
+
+    def pending_jobs(self) -> list[job.Job]:
+        """Jobs waiting for a place: higher priority first, then older first."""
+        table = _table(job.Job.KIND)
+        rows = self.session.execute(
+            select(table)
+            .where(table.c.phase == "Pending")
+            .order_by(table.c.priority.desc(), table.c.created_at, table.c.name)
+        ).all()
+        return [job.Job.model_validate(row_to_wire(job.Job, r)) for r in rows]
+
+    def bindings_of(self, job_uid: str) -> list[binding.Binding]:
+        """Every attempt of one Job, oldest first."""
+        table = _table(binding.Binding.KIND)
+        rows = self.session.execute(select(table).where(table.c.job_uid == job_uid)).all()
+        found = [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
+        return sorted(found, key=lambda b: b.spec.attempt)
+
+    def active_bindings(self, node_name: str | None = None) -> list[binding.Binding]:
+        """Attempts that hold GPUs: bound and not yet exited or lost."""
+        table = _table(binding.Binding.KIND)
+        query = select(table).where(table.c.phase.in_(sorted(binding.ACTIVE_PHASES)))
+        if node_name is not None:
+            query = query.where(table.c.node == node_name)
+        rows = self.session.execute(query).all()
+        return [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
 
     def changes_since(
         self,

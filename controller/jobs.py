@@ -1,0 +1,268 @@
+"""The Job lifecycle: from what its attempts did to the Job's phase, conditions and events.
+
+`reconcile(store, namespace, name, now)` re-reads the Job and its Bindings and moves it one step:
+Scheduled -> Running when the agent reports the process; Succeeded, Failed or back to Pending
+(with capped exponential back-off) when an attempt ends; stops attempts past their deadline,
+suspended or deleted; deletes finished Jobs whose TTL ran out. It returns when it wants to run
+again (a deadline or TTL coming due), never sleeps, and running it twice does no harm.
+"""
+
+from datetime import datetime, timedelta
+
+from gctl.api import binding, job, meta
+from gctl.store import store
+
+SOURCE = "controller/jobs"
+BACKOFF_BASE = timedelta(seconds=10)
+BACKOFF_CAP = timedelta(minutes=6)
+
+
+def backoff(failures: int) -> timedelta:
+    """10 s, 20 s, 40 s ... capped at 6 min, as Kubernetes backs off failed Jobs."""
+    wait: timedelta = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, failures - 1))
+    return wait
+
+
+def reconcile(writer: store.Store, namespace: str, name: str, now: datetime) -> datetime | None:
+    j = writer.find(job.Job, name, namespace)
+    if j is None:
+        return None
+    attempts = writer.bindings_of(j.metadata.uid or "")
+    active = next((b for b in attempts if b.status.phase in binding.ACTIVE_PHASES), None)
+    if j.metadata.deletion_timestamp is not None:
+        _finish_deletion(writer, j, attempts, active)
+        return None
+    if active is not None:
+        return _follow_active(writer, j, active, now)
+    latest = attempts[-1] if attempts else None
+    if (
+        latest is not None
+        and j.status.phase in ("Scheduled", "Running")
+        and latest.spec.attempt == j.status.attempts
+    ):
+        _account(writer, j, latest, now)
+        return None
+    if j.status.phase in job.FINISHED_PHASES:
+        return _expire(writer, j, now)
+    return _check_pending(writer, j, now)
+
+
+def _stop(writer: store.Store, attempt: binding.Binding, reason: str) -> None:
+    if attempt.spec.stop_reason is None:
+        attempt.spec.stop_reason = reason
+        writer.update(attempt)
+
+
+def _finish_deletion(
+    writer: store.Store,
+    j: job.Job,
+    attempts: list[binding.Binding],
+    active: binding.Binding | None,
+) -> None:
+    if active is not None:
+        _stop(writer, active, binding.STOP_DELETED)
+        return
+    for attempt in attempts:
+        writer.delete(binding.Binding, attempt.name, attempt.namespace)
+    if job.FINALIZER in j.metadata.finalizers:
+        j.metadata.finalizers = [f for f in j.metadata.finalizers if f != job.FINALIZER]
+        writer.update(j)
+
+
+def _follow_active(
+    writer: store.Store, j: job.Job, active: binding.Binding, now: datetime
+) -> datetime | None:
+    if j.spec.suspend:
+        _stop(writer, active, binding.STOP_SUSPENDED)
+        return None
+    if active.status.phase == "Running" and j.status.phase != "Running":
+        j.status.phase = "Running"
+        j.status.start_time = active.status.start_time or now
+        j = writer.update_status(j)
+        writer.record_event(
+            j,
+            "Started",
+            f"attempt {active.spec.attempt} started on {active.spec.node} "
+            f"(pid {active.status.pid})",
+            source=SOURCE,
+        )
+    deadline = j.spec.active_deadline_seconds
+    if deadline is None or j.status.start_time is None:
+        return None
+    due = j.status.start_time + timedelta(seconds=deadline)
+    if now >= due:
+        _stop(writer, active, binding.STOP_DEADLINE)
+        return None
+    return due
+
+
+def _account(writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime) -> None:
+    """The latest attempt ended: decide what that means for the Job, once."""
+    status = j.status
+    status.exit_code = latest.status.exit_code
+    stop = latest.spec.stop_reason
+    if latest.status.phase == "Lost" or stop == binding.STOP_NODE_LOST:
+        _requeue(
+            writer,
+            j,
+            "AttemptLost",
+            f"attempt {latest.spec.attempt} was lost with node {latest.spec.node}; "
+            "retrying elsewhere",
+            now,
+        )
+    elif stop == binding.STOP_SUSPENDED:
+        _requeue(writer, j, "Suspended", f"attempt {latest.spec.attempt} stopped: suspended", now)
+    elif stop == binding.STOP_DEADLINE:
+        _finish(
+            writer,
+            j,
+            "Failed",
+            job.REASON_DEADLINE,
+            f"stopped after activeDeadlineSeconds={j.spec.active_deadline_seconds}",
+            now=now,
+        )
+    elif latest.status.exit_code == 0:
+        _finish(
+            writer,
+            j,
+            "Succeeded",
+            job.REASON_COMPLETED,
+            f"attempt {latest.spec.attempt} exited with code 0",
+            now=now,
+        )
+    else:
+        _fail_attempt(writer, j, latest, now)
+
+
+def _fail_attempt(writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime) -> None:
+    status = j.status
+    status.failed += 1
+    how = latest.status.message or f"exit code {latest.status.exit_code}"
+    if latest.status.signal:
+        how += f" ({latest.status.signal})"
+    if status.failed > j.spec.backoff_limit:
+        _finish(
+            writer,
+            j,
+            "Failed",
+            job.REASON_BACKOFF_LIMIT,
+            f"attempt {latest.spec.attempt} failed: {how}; backoffLimit "
+            f"{j.spec.backoff_limit} reached",
+            now=now,
+        )
+        return
+    wait = backoff(status.failed)
+    status.retry_after = now + wait
+    _requeue(
+        writer,
+        j,
+        job.REASON_BACKOFF,
+        f"attempt {latest.spec.attempt} failed: {how}; retry {status.failed} of "
+        f"{j.spec.backoff_limit} in {int(wait.total_seconds())}s",
+        now,
+        warning=True,
+    )
+
+
+def _requeue(
+    writer: store.Store,
+    j: job.Job,
+    reason: str,
+    message: str,
+    now: datetime,
+    *,
+    warning: bool = False,
+) -> None:
+    j.status.phase = "Pending"
+    j.status.reason = reason
+    j.status.message = message
+    j.status.node = None
+    j.status.gpus = None
+    meta.set_condition(
+        j.status.conditions,
+        job.CONDITION_SCHEDULED,
+        "False",
+        reason,
+        message,
+        generation=j.metadata.generation,
+        now=now,
+    )
+    j = writer.update_status(j)
+    writer.record_event(j, reason, message, type_="Warning" if warning else "Normal", source=SOURCE)
+
+
+def _finish(
+    writer: store.Store, j: job.Job, phase: str, reason: str, message: str, *, now: datetime
+) -> None:
+    status = j.status
+    status.phase = "Succeeded" if phase == "Succeeded" else "Failed"
+    status.reason = reason
+    status.message = message
+    status.completion_time = now
+    condition = job.CONDITION_COMPLETE if phase == "Succeeded" else job.CONDITION_FAILED
+    meta.set_condition(
+        status.conditions,
+        condition,
+        "True",
+        reason,
+        message,
+        generation=j.metadata.generation,
+        now=now,
+    )
+    j = writer.update_status(j)
+    writer.record_event(
+        j, reason, message, type_="Normal" if phase == "Succeeded" else "Warning", source=SOURCE
+    )
+
+
+def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
+    ttl = j.spec.ttl_seconds_after_finished
+    if ttl is None or j.status.completion_time is None:
+        return None
+    due = j.status.completion_time + timedelta(seconds=ttl)
+    if now < due:
+        return due
+    writer.delete(job.Job, j.name, j.namespace)
+    return None
+
+
+def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
+    """A Pending Job: say why it waits (suspended, dependencies), or fail a broken chain."""
+    changed = (
+        meta.set_condition(
+            j.status.conditions,
+            job.CONDITION_SUSPENDED,
+            "True" if j.spec.suspend else "False",
+            "Suspended" if j.spec.suspend else "Resumed",
+            generation=j.metadata.generation,
+            now=now,
+        )
+        if j.spec.suspend or any(c.type == job.CONDITION_SUSPENDED for c in j.status.conditions)
+        else False
+    )
+    waiting_on = []
+    for dependency in j.spec.depends_on:
+        other = writer.find(job.Job, dependency, j.namespace)
+        if other is not None and other.status.phase == "Failed":
+            _finish(
+                writer,
+                j,
+                "Failed",
+                job.REASON_DEPENDENCY_FAILED,
+                f"dependency {dependency} failed",
+                now=now,
+            )
+            return None
+        if other is None or other.status.phase != "Succeeded":
+            waiting_on.append(dependency)
+    reason = job.REASON_WAITING_DEPENDENCIES if waiting_on else None
+    message = f"waiting for {', '.join(waiting_on)} to succeed" if waiting_on else None
+    if (j.status.reason in (job.REASON_WAITING_DEPENDENCIES, None) or waiting_on) and (
+        j.status.reason,
+        j.status.message,
+    ) != (reason, message):
+        j.status.reason, j.status.message = reason, message
+        changed = True
+    if changed:
+        writer.update_status(j)
+    return j.status.retry_after if j.status.retry_after and j.status.retry_after > now else None

@@ -1,0 +1,146 @@
+"""The scheduling pass: read a snapshot, let `placement` decide, then bind with compare-and-set.
+
+One pass is one transaction. Each decision creates the attempt's Binding (named
+`<job>-<attempt>`, unique, so a second controller racing on the same attempt fails) and moves
+the Job to Scheduled with the CAS of the Job it read: a Job is never bound twice.
+"""
+
+from datetime import datetime, timedelta
+
+from controller import placement
+from gctl.api import binding, job, meta, node
+from gctl.store import store
+
+SOURCE = "controller/scheduler"
+
+
+def ready(n: node.Node) -> bool:
+    condition = next((c for c in n.status.conditions if c.type == "Ready"), None)
+    return condition is not None and condition.status == "True" and not n.spec.unschedulable
+
+
+def snapshot(reader: store.Store) -> placement.Snapshot:
+    nodes = sorted((n for n in reader.list_objects(node.Node) if ready(n)), key=lambda n: n.name)
+    gpus = [
+        placement.GPU(n.name, g.index, g.model, g.memory_total)
+        for n in nodes
+        for g in sorted(n.status.gpus, key=lambda g: g.index)
+        if g.index not in n.spec.cordoned_gpus and g.index not in n.spec.draining_gpus
+    ]
+    shot = placement.Snapshot(gpus=gpus, nodes=[n.name for n in nodes])
+    for active in reader.active_bindings():
+        for index in active.spec.gpus:
+            usage = shot.usage.setdefault((active.spec.node, index), placement.Usage())
+            usage.share += active.spec.gpu_share
+            usage.jobs += 1
+    return shot
+
+
+def request_of(j: job.Job) -> placement.Request:
+    pinned = j.spec.placement
+    return placement.Request(
+        namespace=j.namespace,
+        name=j.name,
+        gpus=j.spec.resources.gpus,
+        gpu_model=j.spec.resources.gpu_model,
+        gpu_memory=j.spec.resources.gpu_memory_bytes(),
+        node=pinned.node if pinned else None,
+        pinned=tuple(pinned.gpus) if pinned and pinned.gpus is not None else None,
+    )
+
+
+def waiting(j: job.Job, now: datetime) -> bool:
+    """Whether a pending Job must not be placed yet: suspended, deleting, in back-off."""
+    return bool(
+        j.spec.suspend
+        or j.metadata.deletion_timestamp is not None
+        or (j.status.retry_after is not None and j.status.retry_after > now)
+        or j.status.reason == job.REASON_WAITING_DEPENDENCIES
+    )
+
+
+def schedule(writer: store.Store, now: datetime) -> datetime | None:
+    """Bind every pending Job that fits; returns when the next back-off ends, if any."""
+    pending = [j for j in writer.pending_jobs() if j.metadata.uid]
+    eligible = [j for j in pending if not waiting(j, now)]
+    if not eligible:
+        return _next_retry(pending, now)
+    shot = snapshot(writer)
+    by_key = {(j.namespace, j.name): j for j in eligible}
+    placed = placement.place(shot, [request_of(j) for j in eligible])
+    for decision in placed:
+        _bind(writer, by_key[(decision.request.namespace, decision.request.name)], decision, now)
+    bound = {(d.request.namespace, d.request.name) for d in placed}
+    for j in eligible:
+        if (j.namespace, j.name) not in bound:
+            _mark_unschedulable(writer, j, now)
+    return _next_retry(pending, now)
+
+
+def _bind(writer: store.Store, j: job.Job, decision: placement.Placement, now: datetime) -> None:
+    attempt = j.status.attempts + 1
+    writer.create(
+        binding.Binding(
+            metadata=meta.ObjectMeta(
+                name=f"{j.name}-{attempt}",
+                namespace=j.namespace,
+                labels={"gctl/job": j.name},
+            ),
+            spec=binding.BindingSpec(
+                job_name=j.name,
+                job_uid=j.metadata.uid or "",
+                attempt=attempt,
+                node=decision.node,
+                gpus=list(decision.gpus),
+                gpu_share=decision.share,
+            ),
+        )
+    )
+    if job.FINALIZER not in j.metadata.finalizers:
+        j.metadata.finalizers = [*j.metadata.finalizers, job.FINALIZER]
+        j = writer.update(j)
+    status = j.status
+    status.phase = "Scheduled"
+    status.attempts = attempt
+    status.node = decision.node
+    status.gpus = list(decision.gpus)
+    status.retry_after = None
+    status.reason = None
+    status.message = None
+    gpus = ",".join(str(g) for g in decision.gpus) or "none"
+    message = f"attempt {attempt} bound to {decision.node}, GPUs [{gpus}]"
+    meta.set_condition(
+        status.conditions,
+        job.CONDITION_SCHEDULED,
+        "True",
+        "Bound",
+        message,
+        generation=j.metadata.generation,
+        now=now,
+    )
+    j = writer.update_status(j)
+    writer.record_event(j, "Scheduled", message, source=SOURCE)
+
+
+def _mark_unschedulable(writer: store.Store, j: job.Job, now: datetime) -> None:
+    gpus = j.spec.resources.gpus
+    message = f"no Ready node has {gpus:g} free GPU(s) that fit this Job"
+    if meta.set_condition(
+        j.status.conditions,
+        job.CONDITION_SCHEDULED,
+        "False",
+        job.REASON_UNSCHEDULABLE,
+        message,
+        generation=j.metadata.generation,
+        now=now,
+    ):
+        writer.update_status(j)
+
+
+def _next_retry(pending: list[job.Job], now: datetime) -> datetime | None:
+    times = [
+        j.status.retry_after
+        for j in pending
+        if j.status.retry_after is not None and j.status.retry_after > now
+    ]
+    return min(times) + timedelta(milliseconds=1) if times else None

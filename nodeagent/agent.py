@@ -1,0 +1,312 @@
+"""The node agent's loop: register the Node, heartbeat, and make this host's processes match the
+Bindings that name it.
+
+Level-based: every pass reads this node's Bindings and the attempts on disk and moves each one
+step: launch what is bound and not yet running, stop what the controller asked to stop, report
+what exited. It wakes on the change feed and on the attempts directory (watchfiles), and on
+the heartbeat timer; a pass may run any number of times.
+"""
+
+import logging
+import os
+import shlex
+import shutil
+import socket
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import gctl
+from gctl.api import binding, errors, job, meta, node
+from gctl.store import db, feed, store
+from nodeagent import gpus as gpu_backends
+from nodeagent import runtime
+
+log = logging.getLogger("gctl.agent")
+FAKE_LABEL = "gctl/fake-gpus"
+
+
+def default_state_dir(node_name: str) -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local/state")
+    return Path(base) / "gctl" / node_name
+
+
+def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
+    """What to exec: a string runs with /bin/sh -c, a lone `.sh` path with bash, `{gpus}` in an
+    argument becomes the GPU list, and condaEnv wraps it all in `conda run`."""
+    if isinstance(spec.command, str):
+        argv = ["/bin/sh", "-c", spec.command.replace("{gpus}", gpu_list)]
+    else:
+        argv = [arg.replace("{gpus}", gpu_list) for arg in spec.command]
+        if len(argv) == 1 and argv[0].endswith(".sh"):
+            argv = ["bash", *argv]
+    if spec.conda_env:
+        conda = shutil.which("conda")
+        if conda is None:
+            raise errors.Invalid(
+                f"spec.condaEnv {spec.conda_env!r}: conda is not on this node's PATH"
+            )
+        argv = [conda, "run", "-n", spec.conda_env, "--no-capture-output", *argv]
+    return argv
+
+
+class Agent:
+    def __init__(
+        self,
+        database: db.Database,
+        node_name: str,
+        backend: gpu_backends.Backend,
+        state_dir: Path,
+        *,
+        labels: dict[str, str] | None = None,
+        heartbeat_seconds: float = 10.0,
+        grace_seconds: float = 10.0,
+        clock: Callable[[], datetime] = meta.utcnow,
+    ) -> None:
+        self.db = database
+        self.name = node_name
+        self.backend = backend
+        self.runtime = runtime.Runtime(state_dir)
+        self.labels = dict(labels or {})
+        if backend.kind == "fake":
+            self.labels[FAKE_LABEL] = "true"
+        self.heartbeat_seconds = heartbeat_seconds
+        self.grace_seconds = grace_seconds
+        self.clock = clock
+        self.wake = threading.Event()
+
+    # -- the Node ------------------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready."""
+        discovered = self.backend.discover()
+        now = self.clock()
+
+        def work(writer: store.Store) -> None:
+            current = writer.find(node.Node, self.name)
+            if current is None:
+                current = writer.create(
+                    node.Node(
+                        metadata=meta.ObjectMeta(name=self.name, labels=self.labels),
+                    )
+                )
+                writer.record_event(
+                    current, "Registered", f"{len(discovered)} GPU(s)", source=f"agent/{self.name}"
+                )
+            elif any(current.metadata.labels.get(k) != v for k, v in self.labels.items()):
+                current.metadata.labels = {**current.metadata.labels, **self.labels}
+                current = writer.update(current)
+            status = current.status
+            status.gpus = discovered
+            status.heartbeat_time = now
+            status.hostname = socket.gethostname()
+            status.agent_version = gctl.__version__
+            meta.set_condition(
+                status.conditions,
+                "Ready",
+                "True",
+                "AgentReady",
+                "the agent is heartbeating",
+                now=now,
+            )
+            writer.update_status(current)
+
+        store.transact(self.db, work)
+
+    # -- the attempts --------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """One level-based pass over this node's Bindings and the attempts on disk."""
+        with self.db.read() as session:
+            bindings = [
+                b
+                for b in store.Store(session).list_objects(binding.Binding)
+                if b.spec.node == self.name
+            ]
+        for bound in bindings:
+            try:
+                self._sync_one(bound)
+            except errors.Conflict:
+                self.wake.set()  # someone wrote it meanwhile: look again
+        bound_uids = {b.metadata.uid for b in bindings}
+        for uid in self.runtime.known():
+            if uid not in bound_uids:
+                self._orphan(uid)
+
+    def _sync_one(self, bound: binding.Binding) -> None:
+        uid = bound.metadata.uid or ""
+        phase = bound.status.phase
+        if phase in ("Exited", "Lost"):
+            return
+        state = self.runtime.state(uid)
+        if bound.spec.stop_reason and state.phase == "running":
+            self.runtime.stop(uid)
+            return
+        if state.phase == "absent":
+            if phase == "Running":
+                self._report(bound, runtime.State("lost", message="the attempt vanished"))
+            elif bound.spec.stop_reason:
+                self._report(
+                    bound,
+                    runtime.State(
+                        "exited", reason=bound.spec.stop_reason, message="stopped before it started"
+                    ),
+                )
+            else:
+                self._start(bound)
+            return
+        if state.phase == "lost":
+            self.runtime.kill_lost(uid)
+        self._report(bound, state)
+
+    def _start(self, bound: binding.Binding) -> None:
+        with self.db.read() as session:
+            owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
+        if owner is None or owner.metadata.uid != bound.spec.job_uid:
+            self._report(
+                bound,
+                runtime.State(
+                    "exited", reason="JobDeleted", message="the Job was deleted before it started"
+                ),
+            )
+            return
+        gpu_list = ",".join(str(g) for g in bound.spec.gpus)
+        try:
+            argv = command_argv(owner.spec, gpu_list)
+        except errors.Invalid as exc:
+            self._report(
+                bound, runtime.State("exited", exit_code=127, reason="StartError", message=str(exc))
+            )
+            return
+        env = (
+            dict(os.environ)
+            | owner.spec.env
+            | {
+                owner.spec.gpu_env: gpu_list,
+                "GCTL_JOB_NAME": owner.name,
+                "GCTL_NAMESPACE": owner.namespace,
+                "GCTL_ATTEMPT": str(bound.spec.attempt),
+                "GCTL_GPUS": gpu_list,
+                "GCTL_NODE": self.name,
+            }
+        )
+        log_path = self.runtime.log_path(owner.namespace, owner.name, bound.spec.attempt)
+        log.info(
+            "starting %s/%s attempt %d on GPUs [%s]: %s",
+            owner.namespace,
+            owner.name,
+            bound.spec.attempt,
+            gpu_list,
+            shlex.join(argv),
+        )
+        state = self.runtime.launch(
+            runtime.Launch(
+                uid=bound.metadata.uid or "",
+                argv=argv,
+                env=env,
+                cwd=owner.spec.working_dir,
+                log_path=log_path,
+                grace_seconds=self.grace_seconds,
+            )
+        )
+        self._report(bound, state, log_path=str(log_path))
+
+    def _report(
+        self, bound: binding.Binding, state: runtime.State, log_path: str | None = None
+    ) -> None:
+        """Write what the host knows about an attempt into the Binding's status, if it moved."""
+        status = bound.status.model_copy(deep=True)
+        now = self.clock()
+        if log_path is not None:
+            status.log_path = log_path
+        if state.phase == "running":
+            status.phase = "Running"
+            status.pid = state.pid or status.pid
+            status.start_time = status.start_time or now
+        elif state.phase == "exited":
+            status.phase = "Exited"
+            status.pid = state.pid or status.pid
+            status.exit_code = state.exit_code
+            status.signal = state.signal
+            status.finish_time = now
+            status.reason = (
+                state.reason
+                or (bound.spec.stop_reason if state.stopped else None)
+                or ("Completed" if state.exit_code == 0 else "Error")
+            )
+            status.message = state.message
+        elif state.phase == "lost":
+            status.phase = "Lost"
+            status.finish_time = now
+            status.reason = "Lost"
+            status.message = state.message
+        if status == bound.status:
+            return
+        with self.db.write() as session:
+            store.Store(session).update_status(bound.model_copy(update={"status": status}))
+
+    def _orphan(self, uid: str) -> None:
+        """An attempt on disk whose Binding is gone: stop it, and forget it once it ended."""
+        state = self.runtime.state(uid)
+        if state.phase == "running":
+            log.warning("stopping attempt %s: its Binding was deleted", uid)
+            self.runtime.stop(uid)
+        else:
+            if state.phase == "lost":
+                self.runtime.kill_lost(uid)
+            self.runtime.forget(uid)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Heartbeat and sync until `stop` is set; wakes on writes to Bindings and on exits."""
+        self.heartbeat()
+        with self.db.read() as session:
+            since = store.Store(session).current_revision()
+        watchers = [
+            threading.Thread(
+                target=self._follow_feed, args=(since, stop), daemon=True, name="agent-feed"
+            ),
+            threading.Thread(
+                target=self._follow_attempts, args=(stop,), daemon=True, name="agent-files"
+            ),
+        ]
+        for thread in watchers:
+            thread.start()
+        next_beat = 0.0
+        while not stop.is_set():
+            self.wake.clear()
+            self.sync()
+            now = _monotonic()
+            if now >= next_beat:
+                self.heartbeat()
+                next_beat = now + self.heartbeat_seconds
+            self.wake.wait(max(0.0, next_beat - _monotonic()))
+        for thread in watchers:
+            thread.join(timeout=5)
+
+    def _follow_feed(self, since: int, stop: threading.Event) -> None:
+        with feed.Watch(self.db, since=since, kinds=[binding.Binding.KIND], stop=stop) as changes:
+            for batch in changes:
+                if any(c.object["spec"].get("node") == self.name for c in batch):
+                    self.wake.set()
+
+    def _follow_attempts(self, stop: threading.Event) -> None:
+        import watchfiles
+
+        for _ in watchfiles.watch(
+            self.runtime.attempts_dir,
+            stop_event=stop,
+            debounce=50,
+            step=1,
+            rust_timeout=1000,
+            yield_on_timeout=False,
+        ):
+            self.wake.set()
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.monotonic()

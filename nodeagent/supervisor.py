@@ -1,0 +1,141 @@
+"""The per-attempt supervisor: a small process that outlives the agent.
+
+The agent starts one supervisor per Binding in its own session. The supervisor starts the job's
+command as the leader of a new process group, writes `pid.json`, waits, and writes `exit.json`
+with the real exit code; so a job keeps running while the agent is down, and a restarted agent
+still learns how it ended. SIGTERM to the supervisor stops the job: SIGTERM to the whole group,
+then SIGKILL after the grace period, even if the agent died meanwhile.
+
+Run as `python -m nodeagent.supervisor ATTEMPT_DIR`; ATTEMPT_DIR holds `spec.json`.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SPEC = "spec.json"
+PID = "pid.json"
+EXIT = "exit.json"
+
+
+def write_atomically(path: Path, document: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the whole file or none of it, even across a crash."""
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def exit_code_of(returncode: int) -> tuple[int, str | None]:
+    """Popen's return code as a shell reports it: 128+N for a death by signal N."""
+    if returncode >= 0:
+        return returncode, None
+    number = -returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return 128 + number, name
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+        os.killpg(pgid, sig)
+
+
+class _Stopper:
+    """Turns SIGTERM into a stop of the job's process group, escalated by a timer signal."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.requested = False
+        self.pgid: int | None = None
+
+    def on_term(self, _signum: int, _frame: object) -> None:
+        if self.requested:
+            return
+        self.requested = True
+        if self.pgid is not None:
+            self._begin()
+
+    def on_alarm(self, _signum: int, _frame: object) -> None:
+        if self.pgid is not None:
+            _kill_group(self.pgid, signal.SIGKILL)
+
+    def started(self, pgid: int) -> None:
+        self.pgid = pgid
+        if self.requested:  # the stop arrived while the job was being started
+            self._begin()
+
+    def _begin(self) -> None:
+        assert self.pgid is not None
+        _kill_group(self.pgid, signal.SIGTERM)
+        signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.001))
+
+
+def supervise(attempt_dir: Path) -> int:
+    spec = json.loads((attempt_dir / SPEC).read_text(encoding="utf-8"))
+    stopper = _Stopper(float(spec.get("gracePeriodSeconds", 30)))
+    signal.signal(signal.SIGTERM, stopper.on_term)
+    signal.signal(signal.SIGINT, stopper.on_term)
+    signal.signal(signal.SIGALRM, stopper.on_alarm)
+    with open(spec["logPath"], "ab", buffering=0) as log:
+        try:
+            child = subprocess.Popen(
+                spec["argv"],
+                cwd=spec.get("cwd") or None,
+                env=spec["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # The job must not inherit the supervisor's handlers' effects on its mask.
+                restore_signals=True,
+            )
+        except OSError as exc:
+            log.write(f"gctl: cannot start {spec['argv'][0]!r}: {exc.strerror}\n".encode())
+            write_atomically(
+                attempt_dir / EXIT,
+                {
+                    "exitCode": 127,
+                    "reason": "StartError",
+                    "message": str(exc),
+                    "finished": time.time(),
+                },
+            )
+            return 0
+        stopper.started(child.pid)
+        write_atomically(
+            attempt_dir / PID,
+            {
+                "supervisor": os.getpid(),
+                "pid": child.pid,
+                "started": time.time(),
+            },
+        )
+        returncode = child.wait()
+        # Processes the job left behind in its group are part of the job: end them too.
+        _kill_group(child.pid, signal.SIGKILL)
+    code, signal_name = exit_code_of(returncode)
+    write_atomically(
+        attempt_dir / EXIT,
+        {
+            "exitCode": code,
+            "signal": signal_name,
+            "stopped": stopper.requested,
+            "finished": time.time(),
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))
