@@ -123,18 +123,23 @@ def _not_found(info: kinds.KindInfo, name: str, where: str | None) -> str:
 def _list(
     db_url: str | None, info: kinds.KindInfo, where: str | None, names: Sequence[str] | None
 ) -> listing.Snapshot:
-    """Read through the driver alone; only a database that must first be created or migrated
-    (or cannot be reached) takes the full path, which says what is wrong."""
-    url = locations.resolve_url(db_url)
-    snapshot = listing.read(url, info, where, names)
-    if snapshot is None:
-        from gctl.store import db
+    """Read through the driver alone when it can answer at once; otherwise (no database yet, a
+    schema to migrate, a lock it would not wait for) take the full path, which creates,
+    migrates and waits as it should, and says what is wrong in its own words."""
+    snapshot = listing.read(locations.resolve_url(db_url), info, where, names)
+    if snapshot is not None:
+        return snapshot
+    from gctl.store import db, store
 
-        db.Database.open(db_url).close()
-        snapshot = listing.read(url, info, where, names)
-        if snapshot is None:
-            raise errors.Unavailable(f"cannot read {info.plural} from the database")
-    return snapshot
+    database = db.Database.open(db_url)
+    try:
+        with database.read() as session:
+            reader = store.Store(session)
+            revision = reader.current_revision()
+            wires = reader.list_wire(kinds.model(info.kind), where, names=names)
+    finally:
+        database.close()
+    return listing.Snapshot(revision, wires)
 
 
 def get(
@@ -169,7 +174,8 @@ def get(
         )
     following = watch or watch_only
     if not watch_only:
-        if wires:
+        if wires or (output in ("yaml", "json") and not names):
+            # Like kubectl: -o yaml|json of nothing is an empty List, which tools can read.
             printers.print_objects(wires, output, table, single=len(names) == 1)
         elif not names and not following:
             _no_resources(info, where)

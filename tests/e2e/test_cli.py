@@ -1,0 +1,1033 @@
+"""End-to-end tests of the `gctl` command line.
+
+Every command under test runs as the real console script in a subprocess, against a real
+SQLite file or PostgreSQL database (the `gctl` fixture runs each test on both). Setting a
+database up, and checking what it holds afterwards, is done in-process through the store:
+each gctl process costs about half a second of imports, and the store is no mock, it is the
+same tables the CLI reads and writes.
+"""
+
+import itertools
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import gctl as gctl_package
+from gctl.api import job, pool
+from gctl.store import db, store
+from tests.builders import JobBuilder, make_job
+from tests.conftest import DIALECTS, Gctl, Result
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+GCTL_BIN = str(Path(sys.executable).parent / "gctl")
+WAIT_SECONDS = 10.0  # how long a watcher may take to print a change
+
+JOB_COLUMNS = ["NAME", "STATUS", "GPUS", "POOL", "PRIORITY", "AGE"]
+WIDE_COLUMNS = ["NODE", "GPU-IDS", "ATTEMPTS", "EXIT", "REASON"]
+# The examples' jobs as `get jobs` shows them: NAME STATUS GPUS POOL PRIORITY (AGE varies).
+EXAMPLE_ROWS = {
+    "eval-a": ["eval-a", "Pending", "0.5x8Gi", "default", "10"],
+    "eval-b": ["eval-b", "Pending", "0.5x8Gi", "default", "10"],
+    "hello": ["hello", "Pending", "1", "default", "0"],
+    "train-small": ["train-small", "Pending", "2", "default", "5"],
+}
+EXAMPLE_JOBS = sorted(EXAMPLE_ROWS)
+MODELS = {"Job": job.Job, "GPUPool": pool.GPUPool}  # the kinds a manifest may hold
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def example_documents() -> list[dict[str, Any]]:
+    return [
+        document
+        for path in sorted(EXAMPLES.glob("*.yaml"))
+        for document in yaml.safe_load_all(path.read_text())
+        if document
+    ]
+
+
+def example_refs() -> list[str]:
+    """`job.gctl/hello`, `gpupool.gctl/default`, ...: every object in manifests/examples/."""
+    return sorted(f"{d['kind'].lower()}.gctl/{d['metadata']['name']}" for d in example_documents())
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def job_yaml(name: str, **spec: Any) -> str:
+    """A Job manifest; `spec` is merged over a minimal valid one (wrong types allowed)."""
+    document = {
+        "apiVersion": "gctl/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"command": ["true"], **spec},
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def error_line(result: Result) -> str:
+    """The single `error: ...` line a failed command must print; no traceback anywhere."""
+    assert "Traceback" not in result.out + result.err, result.err
+    lines = result.err.splitlines()
+    assert len(lines) == 1, f"expected exactly one line on stderr, got {result.err!r}"
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def table(out: str) -> tuple[list[str], list[list[str]]]:
+    """A printed table as (header words, rows of cells); no cell holds a space for jobs."""
+    header, *rows = out.splitlines()
+    return header.split(), [row.split() for row in rows]
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 60) -> Result:
+    """The console script with an environment of the test's choosing (no `gctl` fixture)."""
+    done = subprocess.run(
+        [GCTL_BIN, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+def seed(database: db.Database, *sources: JobBuilder | Path) -> None:
+    """Store objects directly, in one transaction: a test's setup without a gctl process."""
+    objs = []
+    for source in sources:
+        if isinstance(source, JobBuilder):
+            objs.append(source.build())
+            continue
+        paths = sorted(source.glob("*.yaml")) if source.is_dir() else [source]
+        for path in paths:
+            for document in yaml.safe_load_all(path.read_text()):
+                if document:
+                    objs.append(MODELS[document["kind"]].model_validate(document))
+    with database.write() as session:
+        store.Store(session).create_many(objs)
+
+
+def stored(
+    database: db.Database, cls: type = job.Job, namespace: str | None = "default"
+) -> dict[str, dict[str, Any]]:
+    """What the database holds now, by name, in wire form."""
+    with database.read() as session:
+        wires = store.Store(session).list_wire(cls, namespace)
+    return {w["metadata"]["name"]: w for w in wires}
+
+
+def revision(database: db.Database) -> int:
+    """The global revision: it moves with every write, so an unchanged one means no write."""
+    with database.read() as session:
+        return store.Store(session).current_revision()
+
+
+def mark_running(database: db.Database, name: str) -> None:
+    """Play the controller: the Job has started."""
+    with database.write() as session:
+        writer = store.Store(session)
+        started = writer.get(job.Job, name)
+        started.status.phase = "Running"
+        writer.update_status(started)
+
+
+class Lines:
+    """A background reader of a process's stdout, to wait for lines with a deadline."""
+
+    def __init__(self, stream: Any) -> None:
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def find(self, wanted: Callable[[str], bool], timeout: float) -> str | None:
+        """The next line `wanted` accepts, or None if none comes within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                return None
+            if line is None:
+                raise AssertionError(f"the watcher exited; it printed {self.seen}")
+            self.seen.append(line)
+            if wanted(line):
+                return line
+        return None
+
+    def wait_for(self, wanted: Callable[[str], bool], timeout: float = WAIT_SECONDS) -> str:
+        line = self.find(wanted, timeout)
+        assert line is not None, f"no such line within {timeout} s; the watcher printed {self.seen}"
+        return line
+
+    def rest(self) -> None:
+        """Once the process is gone: read what it printed last into `seen`."""
+        self._thread.join(timeout=WAIT_SECONDS)
+        while not self._queue.empty() and (line := self._queue.get_nowait()) is not None:
+            self.seen.append(line)
+
+
+@contextmanager
+def watching(gctl: Gctl, *argv: str) -> Iterator[Lines]:
+    """Run `gctl get ... -w` for the block; stopped with SIGTERM and reaped at the end."""
+    process = gctl.popen(*argv)
+    assert process.stdout is not None
+    assert process.stderr is not None
+    lines = Lines(process.stdout)
+    try:
+        yield lines
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        lines.rest()
+        err = process.stderr.read()
+        process.stdout.close()
+        process.stderr.close()
+    assert "Traceback" not in err, err
+
+
+# -- apply is idempotent ---------------------------------------------------------------------
+
+
+def test_apply_examples_creates_then_is_unchanged(gctl: Gctl, database: db.Database) -> None:
+    refs = example_refs()
+    first = gctl.ok("apply", "-f", str(EXAMPLES))
+    assert sorted(first.splitlines()) == [f"{ref} created" for ref in refs]
+    listed = gctl.ok("get", "jobs", "-o", "yaml")
+    before = revision(database)
+
+    second = gctl.ok("apply", "-f", str(EXAMPLES))
+
+    assert sorted(second.splitlines()) == [f"{ref} unchanged" for ref in refs]
+    assert gctl.ok("get", "jobs", "-o", "yaml") == listed  # same resourceVersions, generations
+    assert revision(database) == before  # and not a single write
+
+
+# -- get -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "columns", "names"),
+    [
+        pytest.param(["jobs"], JOB_COLUMNS, EXAMPLE_JOBS, id="table"),
+        pytest.param(["jobs", "-o", "wide"], JOB_COLUMNS + WIDE_COLUMNS, EXAMPLE_JOBS, id="wide"),
+        pytest.param(["jobs", "-l", "team=nlp"], JOB_COLUMNS, ["train-small"], id="selector"),
+        pytest.param(["jobs", "hello"], JOB_COLUMNS, ["hello"], id="by-name"),
+        pytest.param(["job/hello"], JOB_COLUMNS, ["hello"], id="kind-slash-name"),
+    ],
+)
+def test_get_jobs_table(
+    gctl: Gctl, database: db.Database, argv: list[str], columns: list[str], names: list[str]
+) -> None:
+    seed(database, EXAMPLES)
+
+    out = gctl.ok("get", *argv)
+
+    header, rows = table(out)
+    assert header == columns
+    assert [row[0] for row in rows] == names
+    for row in rows:
+        assert row[:5] == EXAMPLE_ROWS[row[0]]
+        assert re.fullmatch(r"\d+s", row[5]), row
+        if "wide" in argv:
+            assert row[6:] == ["<none>", "<none>", "0", "<none>", "<none>"]
+    if "wide" not in argv:
+        assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_get_jobs_names(gctl: Gctl, database: db.Database) -> None:
+    seed(database, EXAMPLES)
+    assert gctl.ok("get", "jobs", "-o", "name").splitlines() == [
+        f"job.gctl/{name}" for name in EXAMPLE_JOBS
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind", "names"),
+    [
+        pytest.param(["jobs"], "List", EXAMPLE_JOBS, id="list"),
+        pytest.param(["job", "hello"], "Job", ["hello"], id="one"),
+    ],
+)
+def test_get_jobs_json(
+    gctl: Gctl, database: db.Database, argv: list[str], kind: str, names: list[str]
+) -> None:
+    seed(database, EXAMPLES)
+
+    document = json.loads(gctl.ok("get", *argv, "-o", "json"))
+
+    assert document["apiVersion"] == "gctl/v1"
+    assert document["kind"] == kind
+    items = document["items"] if kind == "List" else [document]
+    assert [item["metadata"]["name"] for item in items] == names
+    assert all(item["kind"] == "Job" and item["status"]["phase"] == "Pending" for item in items)
+
+
+def test_get_json_of_nothing_is_an_empty_list(gctl: Gctl) -> None:
+    result = gctl("get", "jobs", "-o", "json")
+    assert result.code == 0
+    assert json.loads(result.out) == {"apiVersion": "gctl/v1", "kind": "List", "items": []}
+
+
+def test_get_jobs_by_namespace(gctl: Gctl, database: db.Database, tmp_path: Path) -> None:
+    seed(database, make_job("home"))
+    write(tmp_path / "away.yaml", make_job("away").yaml())
+    assert gctl.ok("apply", "-n", "other", "-f", "away.yaml") == "job.gctl/away created\n"
+
+    header, rows = table(gctl.ok("get", "jobs", "-n", "other"))
+    assert header == JOB_COLUMNS
+    assert [row[0] for row in rows] == ["away"]
+
+    header, rows = table(gctl.ok("get", "jobs"))
+    assert [row[0] for row in rows] == ["home"]
+
+    header, rows = table(gctl.ok("get", "jobs", "-A"))
+    assert header == ["NAMESPACE", *JOB_COLUMNS]
+    assert [row[:2] for row in rows] == [["default", "home"], ["other", "away"]]
+
+
+def test_get_unknown_job_fails(gctl: Gctl, database: db.Database) -> None:
+    seed(database, make_job("hello"))
+
+    result = gctl("get", "jobs", "nope")
+
+    assert result.code == 1
+    assert result.out == ""
+    assert '"nope"' in error_line(result)
+
+
+def test_get_nothing_says_so_on_stderr(gctl: Gctl) -> None:
+    result = gctl("get", "jobs")
+    assert (result.code, result.out) == (0, "")
+    assert result.err == "No resources found in default namespace.\n"
+
+
+# -- get -o yaml | apply -f - ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        pytest.param(["job", "hello"], ["hello"], id="one"),
+        pytest.param(["jobs"], EXAMPLE_JOBS, id="list"),
+    ],
+)
+def test_get_yaml_applies_back_unchanged(
+    gctl: Gctl, database: db.Database, argv: list[str], names: list[str]
+) -> None:
+    seed(database, EXAMPLES)
+    dumped = gctl.ok("get", *argv, "-o", "yaml")
+    before = revision(database)
+
+    out = gctl.ok("apply", "-f", "-", stdin=dumped)
+
+    assert out.splitlines() == [f"job.gctl/{name} unchanged" for name in names]
+    assert revision(database) == before
+
+
+def _raise_priority(item: dict[str, Any]) -> None:
+    item["spec"]["priority"] = 7
+
+
+def _add_label(item: dict[str, Any]) -> None:
+    item["metadata"]["labels"]["tier"] = "gold"
+
+
+@pytest.mark.parametrize(
+    ("edit", "generation"),
+    [
+        pytest.param(_raise_priority, 2, id="spec-change-moves-generation"),
+        pytest.param(_add_label, 1, id="label-change-keeps-generation"),
+    ],
+)
+def test_edited_yaml_applies_as_configured(
+    gctl: Gctl, database: db.Database, edit: Callable[[dict[str, Any]], None], generation: int
+) -> None:
+    seed(database, EXAMPLES)
+    listing = yaml.safe_load(gctl.ok("get", "jobs", "-o", "yaml"))
+    hello = next(item for item in listing["items"] if item["metadata"]["name"] == "hello")
+    assert hello["metadata"]["generation"] == 1
+    edit(hello)
+
+    out = gctl.ok("apply", "-f", "-", stdin=yaml.safe_dump(listing))
+
+    assert out.splitlines() == [
+        f"job.gctl/{name} {'configured' if name == 'hello' else 'unchanged'}"
+        for name in EXAMPLE_JOBS
+    ]
+    now = stored(database)["hello"]
+    assert now["metadata"]["generation"] == generation
+    assert now["spec"] == hello["spec"]
+    assert now["metadata"]["labels"] == hello["metadata"]["labels"]
+    assert int(now["metadata"]["resourceVersion"]) > int(hello["metadata"]["resourceVersion"])
+
+
+# -- resourceVersion precondition ------------------------------------------------------------
+
+
+def test_stale_resource_version_is_refused(gctl: Gctl, database: db.Database) -> None:
+    seed(database, make_job("hello"))
+    saved = yaml.safe_load(gctl.ok("get", "job", "hello", "-o", "yaml"))
+    changed = gctl.ok("apply", "-f", "-", stdin=make_job("hello").priority(3).yaml())
+    assert changed == "job.gctl/hello configured\n"
+    current = stored(database)["hello"]
+    saved["spec"]["priority"] = 9
+
+    result = gctl("apply", "-f", "-", stdin=yaml.safe_dump(saved))
+
+    assert result.code != 0
+    assert "resourceVersion" in error_line(result)
+    assert stored(database)["hello"] == current
+
+
+# -- diff ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("manifest", "code", "changes"),
+    [
+        pytest.param(make_job("hello").yaml(), 0, [], id="same"),
+        pytest.param(
+            make_job("hello").priority(7).yaml(),
+            1,
+            [
+                "--- live/Job/default/hello",
+                "+++ merged/Job/default/hello",
+                "-  priority: 0",
+                "+  priority: 7",
+            ],
+            id="changed",
+        ),
+    ],
+)
+def test_diff(
+    gctl: Gctl, database: db.Database, manifest: str, code: int, changes: list[str]
+) -> None:
+    seed(database, make_job("hello"))
+    write(gctl.cwd / "job.yaml", manifest)
+    before = revision(database)
+
+    result = gctl("diff", "-f", "job.yaml")
+
+    assert (result.code, result.err) == (code, "")
+    assert bool(result.out) == bool(changes)
+    assert [line for line in result.out.splitlines() if line.startswith(("-", "+"))] == changes
+    assert revision(database) == before
+
+
+def test_diff_of_new_object(gctl: Gctl, database: db.Database) -> None:
+    write(gctl.cwd / "job.yaml", make_job("fresh").yaml())
+
+    result = gctl("diff", "-f", "job.yaml")
+
+    assert (result.code, result.err) == (1, "")
+    first, second, _hunk, *body = result.out.splitlines()
+    assert (first, second) == ("--- /dev/null", "+++ merged/Job/default/fresh")
+    assert "+  name: fresh" in body
+    assert all(line.startswith("+") for line in body)
+    assert stored(database) == {}
+
+
+def test_diff_of_broken_manifest_exits_2(gctl: Gctl) -> None:
+    write(gctl.cwd / "broken.yaml", job_yaml("broken", priority="high"))
+
+    result = gctl("diff", "-f", "broken.yaml")
+
+    assert (result.code, result.out) == (2, "")
+    assert "broken.yaml" in error_line(result)
+
+
+# -- apply --dry-run -------------------------------------------------------------------------
+
+
+def test_dry_run_creates_nothing(gctl: Gctl, database: db.Database) -> None:
+    before = revision(database)
+
+    out = gctl.ok("apply", "--dry-run", "-f", str(EXAMPLES))
+
+    assert sorted(out.splitlines()) == [f"{ref} created (dry run)" for ref in example_refs()]
+    assert stored(database) == {}
+    assert stored(database, pool.GPUPool, None) == {}
+    assert revision(database) == before
+
+
+def test_dry_run_changes_nothing(gctl: Gctl, database: db.Database) -> None:
+    seed(database, make_job("hello"))
+    before = stored(database)
+
+    out = gctl.ok("apply", "--dry-run", "-f", "-", stdin=make_job("hello").priority(7).yaml())
+
+    assert out == "job.gctl/hello configured (dry run)\n"
+    assert stored(database) == before
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+JOB_HEAD = "apiVersion: gctl/v1\nkind: Job\nmetadata:\n  name: bad\n"
+GOOD = job_yaml("good")  # applied first in every case: valid documents must not be written
+
+
+def bad(case_id: str, text: str, *fragments: str) -> Any:
+    """One broken file, bad.yaml; the error must name it and every fragment."""
+    return pytest.param({"bad.yaml": text}, ["bad.yaml"], ["bad.yaml", *fragments], id=case_id)
+
+
+def bad_list_item() -> str:
+    items = [yaml.safe_load(job_yaml("item")), yaml.safe_load(job_yaml("bad", priority="x"))]
+    return yaml.safe_dump({"apiVersion": "gctl/v1", "kind": "List", "items": items})
+
+
+@pytest.mark.parametrize(
+    ("files", "paths", "fragments"),
+    [
+        bad(
+            "yaml-syntax",
+            job_yaml("first") + "---\n" + JOB_HEAD + "spec: {command: [x]\n",
+            "document 2",
+            "line 14",
+            "invalid YAML",
+        ),
+        bad(
+            "unknown-kind",
+            job_yaml("bad").replace("kind: Job", "kind: Pod"),
+            "document 1",
+            "kind",
+            "Pod",
+        ),
+        bad(
+            "missing-apiVersion",
+            job_yaml("bad").replace("apiVersion: gctl/v1\n", ""),
+            "document 1",
+            "apiVersion",
+        ),
+        bad(
+            "unknown-field",
+            job_yaml("first") + "---\n" + job_yaml("bad", foo=1),
+            "document 2",
+            "spec.foo",
+        ),
+        bad("wrong-type", job_yaml("bad", priority="high"), "document 1", "spec.priority"),
+        bad("bad-name", job_yaml("Hello_World"), "document 1", "metadata.name"),
+        bad(
+            "negative-gpus",
+            job_yaml("bad", resources={"gpus": -1}),
+            "document 1",
+            "spec.resources.gpus",
+        ),
+        bad(
+            "fractional-gpus-above-1",
+            job_yaml("bad", resources={"gpus": 1.5}),
+            "document 1",
+            "spec.resources.gpus",
+        ),
+        bad(
+            "negative-memory",
+            job_yaml("bad", resources={"gpuMemory": "-5Gi"}),
+            "document 1",
+            "spec.resources.gpuMemory",
+        ),
+        bad(
+            "unknown-memory-unit",
+            job_yaml("bad", resources={"gpuMemory": "12Qi"}),
+            "document 1",
+            "spec.resources.gpuMemory",
+        ),
+        bad(
+            "key-given-twice",
+            JOB_HEAD + "spec:\n  command: [x]\n  priority: 1\n  priority: 2\n",
+            "document 1",
+            "priority",
+        ),
+        bad(
+            "pinned-gpus-mismatch",
+            job_yaml("bad", resources={"gpus": 1}, placement={"gpus": [0, 1]}),
+            "document 1",
+            "spec.placement",
+        ),
+        bad(
+            "list-not-mapping",
+            "- " + job_yaml("bad").replace("\n", "\n  ").rstrip() + "\n",
+            "document 1",
+            "mapping",
+        ),
+        bad("bad-item-in-List", bad_list_item(), "document 1", "items[1].spec.priority"),
+        pytest.param(
+            {
+                "dir/a-good.yaml": job_yaml("dir-good"),
+                "dir/b-broken.yaml": job_yaml("bad", priority="high"),
+            },
+            ["dir"],
+            ["dir/b-broken.yaml", "document 1", "spec.priority"],
+            id="directory-with-one-broken-file",
+        ),
+        pytest.param(
+            {"one.yaml": job_yaml("twin"), "two.yaml": job_yaml("twin", priority=2)},
+            ["one.yaml", "two.yaml"],
+            ["two.yaml", "document 1", "metadata.name", "one.yaml"],
+            id="same-job-in-two-files",
+        ),
+    ],
+)
+def test_bad_manifest_writes_nothing(
+    gctl: Gctl,
+    database: db.Database,
+    files: dict[str, str],
+    paths: list[str],
+    fragments: list[str],
+) -> None:
+    write(gctl.cwd / "good.yaml", GOOD)
+    for name, text in files.items():
+        write(gctl.cwd / name, text)
+    flags = [arg for path in ["good.yaml", *paths] for arg in ("-f", path)]
+    before = revision(database)
+
+    result = gctl("apply", *flags)
+
+    assert result.code != 0
+    assert result.out == ""
+    line = error_line(result)
+    for fragment in fragments:
+        assert fragment in line
+    assert stored(database) == {}
+    assert revision(database) == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        pytest.param(["apply", "-f", "missing.yaml"], "missing.yaml", id="no-such-file"),
+        pytest.param(["apply", "-f", "good.yaml", "-o", "bogus"], "bogus", id="apply-output"),
+        pytest.param(["get", "jobs", "-o", "bogus"], "bogus", id="get-output"),
+        pytest.param(["get", "jobz"], "jobz", id="unknown-resource"),
+        pytest.param(
+            ["apply", "-n", "other", "-f", "elsewhere.yaml"], "metadata.namespace", id="ns-clash"
+        ),
+        pytest.param(["delete", "jobs"], "--all", id="delete-kind-without-names"),
+    ],
+)
+def test_bad_arguments_fail_in_one_line(
+    gctl: Gctl, database: db.Database, tmp_path: Path, argv: list[str], fragment: str
+) -> None:
+    seed(database, make_job("hello"))
+    write(tmp_path / "good.yaml", GOOD)
+    write(tmp_path / "elsewhere.yaml", make_job("away").in_namespace("default").yaml())
+    before = revision(database)
+
+    result = gctl(*argv)
+
+    assert result.code != 0
+    assert result.out == ""
+    assert fragment in error_line(result)
+    assert revision(database) == before
+    assert list(stored(database)) == ["hello"]
+
+
+# -- a started Job's frozen fields -----------------------------------------------------------
+
+
+def _suspend(builder: JobBuilder) -> JobBuilder:
+    builder.spec["suspend"] = True
+    return builder
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        pytest.param(lambda b: b.command("false"), "spec.command", id="command"),
+        pytest.param(lambda b: b.gpus(2), "spec.resources.gpus", id="gpus"),
+        pytest.param(lambda b: b.on("node-1"), "spec.placement", id="placement"),
+    ],
+)
+def test_started_job_refuses_frozen_change(
+    gctl: Gctl,
+    database: db.Database,
+    change: Callable[[JobBuilder], JobBuilder],
+    path: str,
+) -> None:
+    seed(database, make_job("x"))
+    mark_running(database, "x")
+    before = stored(database)["x"]
+
+    result = gctl("apply", "-f", "-", stdin=change(make_job("x")).yaml())
+
+    assert result.code != 0
+    line = error_line(result)
+    assert path in line
+    assert "--force" in line
+    assert stored(database)["x"] == before
+
+
+@pytest.mark.parametrize(
+    ("change", "check"),
+    [
+        pytest.param(lambda b: b.priority(5), lambda w: w["spec"]["priority"] == 5, id="priority"),
+        pytest.param(_suspend, lambda w: w["spec"]["suspend"] is True, id="suspend"),
+        pytest.param(
+            lambda b: b.label("team", "nlp"),
+            lambda w: w["metadata"]["labels"] == {"team": "nlp"},
+            id="labels",
+        ),
+    ],
+)
+def test_started_job_accepts_other_changes(
+    gctl: Gctl,
+    database: db.Database,
+    change: Callable[[JobBuilder], JobBuilder],
+    check: Callable[[dict[str, Any]], bool],
+) -> None:
+    seed(database, make_job("x"))
+    mark_running(database, "x")
+    before = stored(database)["x"]
+
+    out = gctl.ok("apply", "-f", "-", stdin=change(make_job("x")).yaml())
+
+    assert out == "job.gctl/x configured\n"
+    after = stored(database)["x"]
+    assert check(after)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["phase"] == "Running"
+
+
+def test_force_replaces_started_job(gctl: Gctl, database: db.Database) -> None:
+    seed(database, make_job("x"))
+    mark_running(database, "x")
+    before = stored(database)["x"]
+
+    out = gctl.ok("apply", "--force", "-f", "-", stdin=make_job("x").command("false").yaml())
+
+    assert out == "job.gctl/x replaced\n"
+    after = stored(database)["x"]
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["metadata"]["generation"] == 1
+    assert after["spec"]["command"] == ["false"]
+    assert after["status"]["phase"] == "Pending"
+
+
+# -- delete ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "deleted"),
+    [
+        pytest.param(["job", "hello"], ["job/hello"], id="by-name"),
+        pytest.param(
+            ["-f", str(EXAMPLES / "half-gpu.yaml")], ["job/eval-a", "job/eval-b"], id="file"
+        ),
+        pytest.param(
+            ["-f", str(EXAMPLES)],
+            [*(f"job/{name}" for name in EXAMPLE_JOBS), "gpupool/default"],
+            id="directory",
+        ),
+        pytest.param(
+            ["jobs", "-l", "team=demo"],
+            ["job/eval-a", "job/eval-b", "job/hello"],
+            id="selector",
+        ),
+        pytest.param(["jobs", "--all"], [f"job/{name}" for name in EXAMPLE_JOBS], id="all"),
+    ],
+)
+def test_delete(gctl: Gctl, database: db.Database, argv: list[str], deleted: list[str]) -> None:
+    seed(database, EXAMPLES)
+
+    out = gctl.ok("delete", *argv)
+
+    expected = [f'{kind}.gctl "{name}" deleted' for kind, name in (d.split("/") for d in deleted)]
+    assert sorted(out.splitlines()) == sorted(expected)
+    gone = {d.removeprefix("job/") for d in deleted if d.startswith("job/")}
+    assert sorted(stored(database)) == sorted(set(EXAMPLE_JOBS) - gone)
+    pools = list(stored(database, pool.GPUPool, None))
+    assert pools == ([] if "gpupool/default" in deleted else ["default"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "deleted"),
+    [
+        pytest.param(["job", "nope"], 1, [], id="missing"),
+        pytest.param(["job", "nope", "--ignore-not-found"], 0, [], id="ignore-not-found"),
+        pytest.param(["job", "hello", "nope"], 1, ["hello"], id="one-found-one-missing"),
+    ],
+)
+def test_delete_missing(
+    gctl: Gctl, database: db.Database, argv: list[str], code: int, deleted: list[str]
+) -> None:
+    seed(database, make_job("hello"))
+
+    result = gctl("delete", *argv)
+
+    assert result.code == code
+    assert result.out == "".join(f'job.gctl "{name}" deleted\n' for name in deleted)
+    if code:
+        assert '"nope"' in error_line(result)
+    else:
+        assert result.err == ""
+    assert list(stored(database)) == ([] if deleted else ["hello"])
+
+
+# -- pipes -----------------------------------------------------------------------------------
+
+
+def test_apply_from_a_pipe(gctl: Gctl, database: db.Database) -> None:
+    done = subprocess.run(
+        f"cat '{EXAMPLES / 'half-gpu.yaml'}' | '{GCTL_BIN}' apply -f -",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=gctl.env(),
+        cwd=gctl.cwd,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "job.gctl/eval-a created\njob.gctl/eval-b created\n"
+    assert sorted(stored(database)) == ["eval-a", "eval-b"]
+
+
+def test_reader_leaving_early_is_not_an_error(gctl: Gctl, database: db.Database) -> None:
+    seed(database, *(make_job(f"job-{i:03}") for i in range(300)))  # more than a pipe buffer
+    process = gctl.popen("get", "jobs")
+    assert process.stdout is not None
+    assert process.stderr is not None
+    process.stdout.close()  # the reader is gone before gctl writes a byte
+
+    err = process.stderr.read()
+    process.stderr.close()
+
+    assert process.wait(timeout=60) == 0
+    assert err == ""
+
+
+# -- get -w ----------------------------------------------------------------------------------
+
+
+def test_watch_prints_table_then_changes(gctl: Gctl, database: db.Database, tmp_path: Path) -> None:
+    seed(database, make_job("hello"))
+    write(tmp_path / "late.yaml", make_job("late").priority(4).yaml())
+
+    with watching(gctl, "get", "jobs", "-w") as lines:
+        header = lines.wait_for(lambda line: line.startswith("NAME"))
+        assert header.split() == JOB_COLUMNS
+        lines.wait_for(lambda line: line.split()[:1] == ["hello"])
+
+        assert gctl.ok("apply", "-f", "late.yaml") == "job.gctl/late created\n"
+        added = lines.wait_for(lambda line: line.split()[:1] == ["late"])
+        assert added.split()[1:5] == ["Pending", "1", "default", "4"]
+
+        assert gctl.ok("delete", "job", "late") == 'job.gctl "late" deleted\n'
+        lines.wait_for(lambda line: line.split()[:1] == ["late"])
+
+    assert [line.split()[0] for line in lines.seen] == ["NAME", "hello", "late", "late"]
+
+
+def test_watch_only_prints_only_changes(gctl: Gctl, database: db.Database) -> None:
+    seed(database, make_job("hello"))
+
+    with watching(gctl, "get", "jobs", "--watch-only", "-o", "name") as lines:
+        # --watch-only prints nothing until a change, so there is no telling when the watcher
+        # has read its starting point: write until it shows a change (each write is one).
+        deadline = time.monotonic() + WAIT_SECONDS
+        for priority in itertools.count():
+            stdin = make_job("late").priority(priority).yaml()
+            assert gctl.ok("apply", "-f", "-", stdin=stdin).startswith("job.gctl/late ")
+            if lines.find(lambda line: line == "job.gctl/late", timeout=1.0):
+                break
+            assert time.monotonic() < deadline, f"nothing within {WAIT_SECONDS} s: {lines.seen}"
+
+    assert set(lines.seen) == {"job.gctl/late"}
+
+
+# -- which database --------------------------------------------------------------------------
+
+
+def test_db_flag_picks_the_database(gctl: Gctl, tmp_path: Path) -> None:
+    other = db.Database.open(str(tmp_path / "other.db"))
+    try:
+        seed(other, make_job("elsewhere"))
+    finally:
+        other.close()
+
+    assert gctl.ok("--db", "other.db", "get", "jobs", "-o", "name") == "job.gctl/elsewhere\n"
+    assert gctl.ok("get", "jobs", "-o", "name", "--db", "other.db") == "job.gctl/elsewhere\n"
+    assert gctl.ok("get", "jobs", "-o", "name") == ""  # without it: GCTL_DB, the fixture's
+
+
+def test_default_database_is_a_private_file_in_xdg_data_home(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "GCTL_DB"}
+    env |= {"XDG_DATA_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")}
+
+    created = run(["apply", "-f", str(EXAMPLES / "hello.yaml")], env, tmp_path)
+
+    assert (created.code, created.err) == (0, "")
+    path = tmp_path / "xdg" / "gctl" / "gctl.db"
+    assert path.is_file()
+    assert path.stat().st_mode & 0o777 == 0o600
+    for sibling in path.parent.iterdir():  # the WAL and shared-memory files too
+        assert sibling.stat().st_mode & 0o077 == 0, sibling
+    assert run(["get", "jobs", "-o", "name"], env, tmp_path).out == "job.gctl/hello\n"
+
+
+# -- db upgrade ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_db_upgrade_then_up_to_date(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    if dialect == "sqlite":
+        url = str(tmp_path / "fresh.db")
+        shown = url
+    else:
+        url = request.getfixturevalue("empty_pg_url")
+        shown = url.rpartition("/")[2]
+    env = {**os.environ, "GCTL_DB": url}
+
+    first = run(["db", "upgrade"], env, tmp_path)
+    second = run(["db", "upgrade"], env, tmp_path)
+
+    assert (first.code, first.err) == (0, "")
+    assert "schema upgraded from empty" in first.out
+    assert shown in first.out
+    assert (second.code, second.err) == (0, "")
+    assert "up to date" in second.out
+    assert "upgraded" not in second.out
+
+
+# -- start-up imports ------------------------------------------------------------------------
+
+HEAVY = ("sqlalchemy", "pydantic", "alembic", "psycopg", "yaml", "watchfiles")
+PROBE = """
+import sys
+sys.argv = ["gctl", *{argv!r}]
+import gctl.cli.main as cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+print("HEAVY=" + ",".join(sorted(name for name in {heavy!r} if name in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "shows"),
+    [
+        pytest.param(["--help"], "apply", id="help"),
+        pytest.param(["version"], f"gctl {gctl_package.__version__}", id="version"),
+    ],
+)
+def test_startup_imports_nothing_heavy(tmp_path: Path, argv: list[str], shows: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    *printed, last = done.stdout.splitlines()
+    assert shows in "\n".join(printed)
+    assert last == "HEAVY="
+
+
+# -- an unreachable database -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "argv"),
+    [
+        ("postgresql://postgres@127.0.0.1:1/x", ["get", "jobs"]),
+        ("postgresql://postgres@127.0.0.1:1/x", ["get", "jobs", "-w"]),
+        ("postgresql://postgres@127.0.0.1:1/x", ["apply", "-f", str(EXAMPLES / "hello.yaml")]),
+        ("postgresql://postgres@127.0.0.1:1/x", ["db", "upgrade"]),
+        ("postgresql://postgres:s3cret@127.0.0.1:1/x", ["get", "jobs"]),
+    ],
+)
+def test_unreachable_postgres_fails_in_one_line(tmp_path: Path, url: str, argv: list[str]) -> None:
+    result = run(argv, {**os.environ, "GCTL_DB": url}, tmp_path, timeout=30)
+
+    assert result.code == 1
+    line = error_line(result)
+    assert "database" in line
+    assert "127.0.0.1:1/x" in line
+    assert "s3cret" not in line
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+def test_concurrent_applies_lose_no_update(
+    gctl: Gctl, database: db.Database, tmp_path: Path
+) -> None:
+    count = 8
+    for i in range(count):
+        write(tmp_path / f"own-{i}.yaml", make_job(f"own-{i}").yaml())
+        write(tmp_path / f"shared-{i}.yaml", make_job("shared").priority(i).yaml())
+
+    processes = [
+        gctl.popen("apply", "-f", f"own-{i}.yaml", "-f", f"shared-{i}.yaml") for i in range(count)
+    ]
+    outputs = []
+    for process in processes:
+        with process:
+            out, err = process.communicate(timeout=120)
+        outputs.append((process.returncode, out, err))
+
+    assert [code for code, _, _ in outputs] == [0] * count, [err for _, _, err in outputs]
+    verbs = []
+    for i, (_, out, _) in enumerate(outputs):
+        assert f"job.gctl/own-{i} created" in out.splitlines()
+        verbs += [
+            line.split()[1] for line in out.splitlines() if line.startswith("job.gctl/shared ")
+        ]
+    assert sorted(verbs) == ["configured"] * (count - 1) + ["created"]  # distinct priorities
+    jobs = stored(database)
+    assert {f"own-{i}" for i in range(count)} <= set(jobs)
+    assert jobs["shared"]["metadata"]["generation"] == 1 + verbs.count("configured")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_racing_first_use_migrates_once(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    url = (
+        str(tmp_path / "fresh.db")
+        if dialect == "sqlite"
+        else request.getfixturevalue("empty_pg_url")
+    )
+    racer = Gctl(url, tmp_path)
+
+    processes = [racer.popen("get", "jobs") for _ in range(4)]
+    outputs = []
+    for process in processes:
+        with process:
+            outputs.append((*process.communicate(timeout=120), process.returncode))
+
+    expected = ("", "No resources found in default namespace.\n", 0)
+    assert outputs == [expected] * len(processes)
