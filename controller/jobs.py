@@ -17,13 +17,19 @@ BACKOFF_BASE = timedelta(seconds=10)
 BACKOFF_CAP = timedelta(minutes=6)
 
 
-def backoff(failures: int) -> timedelta:
+def backoff(failures: int, base: timedelta = BACKOFF_BASE) -> timedelta:
     """10 s, 20 s, 40 s ... capped at 6 min, as Kubernetes backs off failed Jobs."""
-    wait: timedelta = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, failures - 1))
+    wait: timedelta = min(BACKOFF_CAP, base * 2 ** max(0, failures - 1))
     return wait
 
 
-def reconcile(writer: store.Store, namespace: str, name: str, now: datetime) -> datetime | None:
+def reconcile(
+    writer: store.Store,
+    namespace: str,
+    name: str,
+    now: datetime,
+    backoff_base: timedelta = BACKOFF_BASE,
+) -> datetime | None:
     j = writer.find(job.Job, name, namespace)
     if j is None:
         return None
@@ -40,7 +46,7 @@ def reconcile(writer: store.Store, namespace: str, name: str, now: datetime) -> 
         and j.status.phase in ("Scheduled", "Running")
         and latest.spec.attempt == j.status.attempts
     ):
-        _account(writer, j, latest, now)
+        _account(writer, j, latest, now, backoff_base)
         return None
     if j.status.phase in job.FINISHED_PHASES:
         return _expire(writer, j, now)
@@ -96,7 +102,9 @@ def _follow_active(
     return due
 
 
-def _account(writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime) -> None:
+def _account(
+    writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
+) -> None:
     """The latest attempt ended: decide what that means for the Job, once."""
     status = j.status
     status.exit_code = latest.status.exit_code
@@ -131,10 +139,12 @@ def _account(writer: store.Store, j: job.Job, latest: binding.Binding, now: date
             now=now,
         )
     else:
-        _fail_attempt(writer, j, latest, now)
+        _fail_attempt(writer, j, latest, now, base)
 
 
-def _fail_attempt(writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime) -> None:
+def _fail_attempt(
+    writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
+) -> None:
     status = j.status
     status.failed += 1
     how = latest.status.message or f"exit code {latest.status.exit_code}"
@@ -151,7 +161,7 @@ def _fail_attempt(writer: store.Store, j: job.Job, latest: binding.Binding, now:
             now=now,
         )
         return
-    wait = backoff(status.failed)
+    wait = backoff(status.failed, base)
     status.retry_after = now + wait
     _requeue(
         writer,

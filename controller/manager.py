@@ -28,10 +28,12 @@ class Controller:
         database: db.Database,
         *,
         node_timeout: timedelta = timedelta(seconds=40),
+        backoff_base: timedelta = jobs.BACKOFF_BASE,
         clock: Callable[[], datetime] = meta.utcnow,
     ) -> None:
         self.db = database
         self.node_timeout = node_timeout
+        self.backoff_base = backoff_base
         self.clock = clock
         self._changes: queue.Queue[list[store.Change]] = queue.Queue()
         self._timers: list[tuple[datetime, Key]] = []
@@ -42,7 +44,7 @@ class Controller:
 
         def work(writer: store.Store) -> datetime | None:
             if kind == "Job":
-                return jobs.reconcile(writer, namespace, name, now)
+                return jobs.reconcile(writer, namespace, name, now, self.backoff_base)
             if kind == "Node":
                 return nodes.reconcile(writer, name, now, self.node_timeout)
             return scheduling.schedule(writer, now)

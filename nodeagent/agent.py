@@ -137,9 +137,16 @@ class Agent:
     def _sync_one(self, bound: binding.Binding) -> None:
         uid = bound.metadata.uid or ""
         phase = bound.status.phase
-        if phase in ("Exited", "Lost"):
+        if phase == "Exited":
             return
         state = self.runtime.state(uid)
+        if phase == "Lost":
+            # The controller gave up on this node and retried the Job elsewhere: whatever
+            # still runs here must end, so that the Job never runs twice.
+            if state.phase == "running":
+                log.warning("stopping %s: its attempt was declared lost", bound.name)
+                self.runtime.stop(uid)
+            return
         if bound.spec.stop_reason and state.phase == "running":
             self.runtime.stop(uid)
             return
@@ -299,7 +306,7 @@ class Agent:
             self.runtime.attempts_dir,
             stop_event=stop,
             debounce=50,
-            step=1,
+            step=feed.WATCH_STEP_MS,
             rust_timeout=1000,
             yield_on_timeout=False,
         ):

@@ -72,7 +72,7 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
     except ValueError as exc:
         raise errors.Invalid(f"--node-name: {exc}") from None
     backend, how = gpus.detect(options.fake_gpus, options.gpu_model, options.gpu_memory)
-    state_dir = options.state_dir or agent.default_state_dir(node_name)
+    state_dir = (options.state_dir or agent.default_state_dir(node_name)).resolve()
     the_agent = agent.Agent(
         db.Database.open(db_url),
         node_name,
@@ -87,14 +87,18 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
 
 
 def _controller_runner(
-    db_url: str | None, node_timeout: float
+    db_url: str | None, node_timeout: float, backoff: float
 ) -> Callable[[threading.Event], None]:
     from controller import manager
     from gctl.store import db
 
     database = db.Database.open(db_url)
     logging.getLogger("gctl.controller").info("controller on %s", db.display_url(database.url))
-    return manager.Controller(database, node_timeout=timedelta(seconds=node_timeout)).run
+    return manager.Controller(
+        database,
+        node_timeout=timedelta(seconds=node_timeout),
+        backoff_base=timedelta(seconds=backoff),
+    ).run
 
 
 def _run(runners: list[tuple[str, Callable[[threading.Event], None]]]) -> None:
@@ -125,19 +129,19 @@ def _run(runners: list[tuple[str, Callable[[threading.Event], None]]]) -> None:
         raise SystemExit(1)
 
 
-def up(db_url: str | None, options: AgentOptions, node_timeout: float) -> None:
+def up(db_url: str | None, options: AgentOptions, node_timeout: float, backoff: float) -> None:
     _logging()
     _run(
         [
-            ("controller", _controller_runner(db_url, node_timeout)),
+            ("controller", _controller_runner(db_url, node_timeout, backoff)),
             ("agent", _agent_runner(db_url, options)),
         ]
     )
 
 
-def controller(db_url: str | None, node_timeout: float) -> None:
+def controller(db_url: str | None, node_timeout: float, backoff: float) -> None:
     _logging()
-    _run([("controller", _controller_runner(db_url, node_timeout))])
+    _run([("controller", _controller_runner(db_url, node_timeout, backoff))])
 
 
 def agent(db_url: str | None, options: AgentOptions) -> None:
