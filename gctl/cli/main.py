@@ -6,17 +6,36 @@ runs (ruff's banned-module-level-imports and a test on sys.modules keep it so).
 
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 import gctl
 
 if TYPE_CHECKING:
     from gctl.cli import daemons
 
+
+class _Root(TyperGroup):
+    """Ends quietly, with 0, when the reader of gctl's output leaves (`gctl get jobs | head`).
+
+    Caught here, inside typer's own handling, which would otherwise turn it into exit 1."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer vendors click: its Context type is private
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # inside the try: buffered output would break the pipe later
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so that flushing at exit cannot fail again
+            raise SystemExit(0) from None
+        return result
+
+
 app = typer.Typer(
     name="gctl",
+    cls=_Root,
     help="Declarative GPU jobs: apply manifests, watch them run.",
     no_args_is_help=True,
     add_completion=False,
@@ -115,10 +134,13 @@ def diff(
     commands.diff(files=filename, recursive=recursive, namespace=namespace, force=force, db_url=db)
 
 
+GPU_WORDS = ("gpus", "gpu")
+
+
 @app.command()
 def get(
     resource: Annotated[
-        str, typer.Argument(help="jobs, pools, nodes, bindings, events; or KIND/NAME.")
+        str, typer.Argument(help="jobs, pools, nodes, bindings, events, gpus; or KIND/NAME.")
     ],
     names: Annotated[list[str] | None, typer.Argument(help="Names to show.")] = None,
     output: OutputOpt = "",
@@ -134,7 +156,18 @@ def get(
     ] = False,
     db: DbOpt = None,
 ) -> None:
-    """List objects, or stream their changes with -w."""
+    """List objects, or stream their changes with -w. `gctl get gpus` lists every GPU."""
+    if resource.lower() in GPU_WORDS:  # a view of Nodes and Bindings, not a stored kind
+        from gctl.cli import running
+
+        running.get_gpus(
+            nodes=names or [],
+            output=output,
+            selector_text=selector,
+            following=watch or watch_only or show_labels,
+            db_url=db,
+        )
+        return
     from gctl.cli import commands
 
     commands.get(
@@ -200,6 +233,123 @@ def delete(
     )
 
 
+TimeoutOpt = Annotated[
+    str,
+    typer.Option("--timeout", help="How long to wait: 30s, 10m, 1h, or seconds; 0 checks once."),
+]
+
+
+@app.command()
+def logs(
+    job: Annotated[str, typer.Argument(help="The Job, as NAME or job/NAME.")],
+    namespace: NamespaceOpt = None,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing output until the attempt ends.")
+    ] = False,
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", help="Show attempt N (default: the latest).", min=1)
+    ] = None,
+    previous: Annotated[
+        bool, typer.Option("-p", "--previous", help="Show the attempt before the latest.")
+    ] = False,
+    db: DbOpt = None,
+) -> None:
+    """Print the output of a Job's latest attempt (or another one); -f follows it."""
+    from gctl.cli import running
+
+    running.logs(
+        name=job,
+        namespace=namespace,
+        follow=follow,
+        attempt=attempt,
+        previous=previous,
+        db_url=db,
+    )
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="What to run, after -- when it has options of its own.",
+            metavar="-- COMMAND [ARGS]",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The Job's name (default: run-XXXXX).")
+    ] = None,
+    namespace: NamespaceOpt = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="GPUs: a fraction in (0,1], a whole number, or 0.")
+    ] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", help="Memory needed on each GPU, e.g. 24Gi.")
+    ] = None,
+    priority: Annotated[str | None, typer.Option("--priority", help="Higher runs first.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="KEY=VALUE in the environment (repeatable).")
+    ] = None,
+    pool: Annotated[str | None, typer.Option("--pool", help="The GPUPool to run in.")] = None,
+    attach: Annotated[
+        bool,
+        typer.Option(
+            "--attach",
+            help="Stream the output and exit with the Job's exit code; Ctrl-C deletes the Job.",
+        ),
+    ] = False,
+    labels: Annotated[
+        list[str] | None, typer.Option("-l", "--labels", help="key=value labels (repeatable).")
+    ] = None,
+    db: DbOpt = None,
+) -> None:
+    """Create a Job that runs a command in this directory, like kubectl run or srun."""
+    from gctl.cli import running
+
+    running.run(
+        command=command or [],
+        name=name,
+        namespace=namespace,
+        gpus=gpus,
+        gpu_memory=gpu_memory,
+        priority=priority,
+        env=env or [],
+        pool=pool,
+        labels=labels or [],
+        attach=attach,
+        db_url=db,
+    )
+
+
+@app.command()
+def wait(
+    resource: Annotated[str, typer.Argument(help="KIND/NAME, or KIND followed by names.")],
+    names: Annotated[list[str] | None, typer.Argument(help="Names.")] = None,
+    for_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--for",
+            help="condition=TYPE[=true|false] (e.g. condition=Complete), or delete; "
+            "given twice, either one will do.",
+        ),
+    ] = None,
+    timeout: TimeoutOpt = "30s",
+    namespace: NamespaceOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Wait until objects meet a condition or are deleted, like kubectl wait."""
+    from gctl.cli import running
+
+    running.wait(
+        resource=resource,
+        names=names or [],
+        conditions=for_ or [],
+        timeout=timeout,
+        namespace=namespace,
+        db_url=db,
+    )
+
+
 controller_app = typer.Typer(
     help="The controller: schedules and follows Jobs.", no_args_is_help=True
 )
@@ -232,6 +382,14 @@ GraceOpt = Annotated[
     float,
     typer.Option(
         "--grace-period", help="Seconds between SIGTERM and SIGKILL when stopping.", min=0
+    ),
+]
+BackoffOpt = Annotated[
+    float,
+    typer.Option(
+        "--backoff",
+        help="Seconds before the first retry of a failed Job; doubles each time, up to 6 minutes.",
+        min=0,
     ),
 ]
 NodeTimeoutOpt = Annotated[
@@ -279,6 +437,7 @@ def up(
     heartbeat: HeartbeatOpt = 10.0,
     grace_period: GraceOpt = 10.0,
     node_timeout: NodeTimeoutOpt = 40.0,
+    backoff: BackoffOpt = 10.0,
     db: DbOpt = None,
 ) -> None:
     """Run the controller and a local node agent in one foreground process."""
@@ -287,15 +446,17 @@ def up(
     options = _agent_options(
         node_name, fake_gpus, gpu_model, gpu_memory, state_dir, label, heartbeat, grace_period
     )
-    daemons.up(db, options, node_timeout)
+    daemons.up(db, options, node_timeout, backoff)
 
 
 @controller_app.command("run")
-def controller_run(node_timeout: NodeTimeoutOpt = 40.0, db: DbOpt = None) -> None:
+def controller_run(
+    node_timeout: NodeTimeoutOpt = 40.0, backoff: BackoffOpt = 10.0, db: DbOpt = None
+) -> None:
     """Run the controller in the foreground."""
     from gctl.cli import daemons
 
-    daemons.controller(db, node_timeout)
+    daemons.controller(db, node_timeout, backoff)
 
 
 @agent_app.command("run")
@@ -333,9 +494,6 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except BrokenPipeError:
-        sys.stderr.close()  # `gctl get jobs | head`: the reader left; not an error
-        raise SystemExit(0) from None
     except Exception as exc:
         from gctl.api import errors
 

@@ -199,6 +199,130 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
 }
 
 
+# -- gpus: a view of Nodes and the Bindings on them, not a stored kind ------------------------
+
+_HOLDING = ("Pending", "Running")  # Binding phases that hold GPUs (binding.ACTIVE_PHASES)
+_VENDOR = "NVIDIA "  # dropped in tables: every NVIDIA model name starts with it; width is scarce
+
+
+def _node_ready(node: Wire) -> bool:
+    conditions = node["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _gpu_state(node: Wire, index: int) -> str:
+    spec = node["spec"]
+    if not _node_ready(node):
+        return "NotReady"
+    if index in spec.get("drainingGPUs", []):
+        return "Draining"
+    if spec.get("unschedulable") or index in spec.get("cordonedGPUs", []):
+        return "Cordoned"
+    return "Ready"
+
+
+def gpu_rows(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
+    """One mapping per GPU of every Node: what it is, how full, which jobs hold it (from the
+    Bindings that are Pending or Running), its state, and the processes gctl did not start."""
+    holders: dict[tuple[str, int], list[Wire]] = {}
+    job_pids: set[tuple[str, int]] = set()
+    for bound in bindings:
+        spec, status = bound["spec"], bound["status"]
+        phase = status.get("phase", "Pending")
+        if phase not in _HOLDING:
+            continue
+        if phase == "Running" and status.get("pid") is not None:
+            job_pids.add((spec["node"], int(status["pid"])))
+        holder = {
+            "namespace": bound["metadata"].get("namespace", kinds.DEFAULT_NAMESPACE),
+            "name": spec["jobName"],
+            "share": spec.get("gpuShare", 1.0),
+        }
+        for index in spec.get("gpus", []):
+            holders.setdefault((spec["node"], index), []).append(holder)
+    rows = []
+    for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
+        name = node["metadata"]["name"]
+        for gpu in sorted(node["status"].get("gpus", []), key=lambda g: int(g["index"])):
+            index = int(gpu["index"])
+            foreign = [
+                {"pid": p["pid"], "usedMemory": p.get("usedMemory")}
+                for p in gpu.get("processes", [])
+                if (name, int(p["pid"])) not in job_pids
+            ]
+            jobs = sorted(holders.get((name, index), []), key=lambda h: (h["namespace"], h["name"]))
+            rows.append(
+                {
+                    "node": name,
+                    "index": index,
+                    "uuid": gpu.get("uuid"),
+                    "model": gpu.get("model"),
+                    "memoryUsed": gpu.get("memoryUsed"),
+                    "memoryTotal": gpu.get("memoryTotal"),
+                    "utilization": gpu.get("utilization"),
+                    "status": _gpu_state(node, index),
+                    "jobs": jobs,
+                    "foreignProcesses": foreign,
+                }
+            )
+    return rows
+
+
+def _bytes(value: int | None) -> str:
+    return "?" if value is None else quantity.format_bytes(int(value))
+
+
+def _gpu_memory(row: Wire, _now: datetime) -> str:
+    if row["memoryUsed"] is None and row["memoryTotal"] is None:
+        return NONE
+    return f"{_bytes(row['memoryUsed'])}/{_bytes(row['memoryTotal'])}"
+
+
+def _gpu_model(row: Wire, _now: datetime) -> str:
+    model = str(row["model"] or NONE)
+    return model.removeprefix(_VENDOR) or model
+
+
+def _gpu_util(row: Wire, _now: datetime) -> str:
+    return NONE if row["utilization"] is None else f"{row['utilization']}%"
+
+
+def _gpu_jobs(row: Wire, _now: datetime) -> str:
+    names = []
+    for holder in row["jobs"]:
+        name = holder["name"]
+        if holder["namespace"] != kinds.DEFAULT_NAMESPACE:
+            name = f"{holder['namespace']}/{name}"
+        share = float(holder["share"])
+        names.append(f"{name}({share:g})" if 0 < share < 1 else name)
+    return ",".join(names) or NONE
+
+
+def _gpu_foreign(row: Wire, _now: datetime) -> str:
+    processes = row["foreignProcesses"]
+    if not processes:
+        return NONE
+    known = [p["usedMemory"] for p in processes if p["usedMemory"] is not None]
+    if not known:
+        return f"{len(processes)} proc"
+    return quantity.format_bytes(sum(known))
+
+
+GPU_VIEW = "GPU"  # the key of the gpus table in COLUMNS; rows come from gpu_rows()
+COLUMNS[GPU_VIEW] = (
+    [
+        ("NODE", _field("node")),
+        ("GPU", _field("index")),
+        ("MODEL", _gpu_model),
+        ("MEMORY", _gpu_memory),
+        ("UTIL", _gpu_util),
+        ("JOBS", _gpu_jobs),
+        ("STATUS", _field("status")),
+    ],
+    [("UUID", _field("uuid")), ("FOREIGN", _gpu_foreign)],
+)
+
+
 class Table:
     """Columns padded with three spaces, as kubectl prints them. Widths are fixed by the first
     batch, so rows printed later by a watch line up with it."""

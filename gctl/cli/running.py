@@ -1,0 +1,522 @@
+"""The bodies of `gctl logs`, `gctl run`, `gctl wait` and `gctl get gpus`: the commands that
+follow Jobs as they run.
+
+They wait on the change feed and on watchfiles, never on a timer (`following` holds how). The
+top level imports no SQLAlchemy and no pydantic: `gctl --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import string
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gctl.api import errors, kinds, selector
+from gctl.cli import following, printers
+
+if TYPE_CHECKING:
+    from gctl.api import binding, job
+    from gctl.store import db
+
+# -- logs ----------------------------------------------------------------------------------------
+
+
+def logs(
+    *,
+    name: str,
+    namespace: str | None,
+    follow: bool,
+    attempt: int | None,
+    previous: bool,
+    db_url: str | None,
+) -> None:
+    from gctl.store import db
+
+    name = _job_name(name)
+    if attempt is not None and previous:
+        raise errors.Invalid("--attempt and --previous: give one of them")
+    database = db.Database.open(db_url)
+    view = following.read_view(database, namespace or kinds.DEFAULT_NAMESPACE, name)
+    if view.job is None:
+        raise errors.NotFound(f'job "{name}" not found in namespace "{view.namespace}"')
+    chosen = _chosen(view, attempt, previous)
+    wanted = None if chosen is None else chosen.spec.attempt
+    if not follow and (chosen is None or not following.started(chosen)):
+        which = f"attempt {wanted} of " if attempt is not None else ""
+        raise errors.NotFound(f"{which}job {name} has not started yet")
+    stop = threading.Event()
+    try:
+        with following.interruptible(stop):
+            if chosen is not None and following.started(chosen):
+                following.show(database, chosen, view.revision, follow, stop)
+                return
+            started, view = following.await_view(database, view, _first_started(wanted), stop)
+            following.show(database, started, view.revision, follow, stop)
+    except following.Interrupted:
+        raise SystemExit(following.INTERRUPTED) from None
+
+
+def _job_name(text: str) -> str:
+    """`NAME` or `job/NAME`, as kubectl logs takes a pod."""
+    word, slash, name = text.partition("/")
+    if not slash:
+        return text
+    if kinds.by_word(word) is not kinds.JOB or not name:
+        raise errors.Invalid(f"{text}: logs are kept for Jobs: give NAME or job/NAME")
+    return name
+
+
+def _chosen(view: following.View, number: int | None, previous: bool) -> binding.Binding | None:
+    """The attempt asked for: N, the one before the latest, or the latest (None: none yet)."""
+    made = ", ".join(str(a.spec.attempt) for a in view.attempts) or "none"
+    if previous:
+        if len(view.attempts) < 2:
+            raise errors.NotFound(f"job {view.name} has no previous attempt (attempts: {made})")
+        return view.attempts[-2]
+    if number is not None:
+        for attempt in view.attempts:
+            if attempt.spec.attempt == number:
+                return attempt
+        raise errors.NotFound(f"job {view.name} has no attempt {number} (attempts: {made})")
+    return view.attempts[-1] if view.attempts else None
+
+
+def _first_started(number: int | None) -> Callable[[following.View], binding.Binding | None]:
+    """Decides when attempt `number` (None: any) has started; fails if it never will."""
+
+    def decide(view: following.View) -> binding.Binding | None:
+        started = [
+            a for a in view.attempts if following.started(a) and number in (None, a.spec.attempt)
+        ]
+        if started:
+            return started[-1]
+        if view.job is None:
+            raise errors.NotFound(f"job {view.name} was deleted before it started")
+        if view.job.status.phase in following.FINISHED:
+            why = view.job.status.message or view.job.status.reason or view.job.status.phase
+            raise errors.NotFound(f"job {view.name} finished without starting: {why}")
+        return None
+
+    return decide
+
+
+# -- run -----------------------------------------------------------------------------------------
+
+_SOURCE = "gctl run"
+_NAME_ALPHABET = string.ascii_lowercase + string.digits
+_SOURCE_PREFIX = re.compile(r'^gctl run: document 1 \((Job "[^"]*")\): ')
+
+
+def run(
+    *,
+    command: list[str],
+    name: str | None,
+    namespace: str | None,
+    gpus: str | None,
+    gpu_memory: str | None,
+    priority: str | None,
+    env: list[str],
+    pool: str | None,
+    labels: list[str],
+    attach: bool,
+    db_url: str | None,
+) -> None:
+    from gctl.store import db
+
+    if not command:
+        raise errors.Invalid("say what to run: gctl run [OPTIONS] -- COMMAND [ARGS]...")
+    where = namespace or kinds.DEFAULT_NAMESPACE
+    spec: dict[str, Any] = {"command": command, "workingDir": os.getcwd()}
+    resources = {
+        key: value
+        for key, value in (("gpus", _number(gpus)), ("gpuMemory", gpu_memory))
+        if value is not None
+    }
+    if resources:
+        spec["resources"] = resources
+    if priority is not None:
+        spec["priority"] = _number(priority)
+    if env:
+        spec["env"] = _pairs("--env", env)
+    if pool is not None:
+        spec["pool"] = pool
+    metadata: dict[str, Any] = {"name": name or _generated_name(), "namespace": where}
+    if labels:
+        metadata["labels"] = _pairs("-l", [p for given in labels for p in given.split(",")])
+    new = _validated(
+        {"apiVersion": kinds.API_VERSION, "kind": "Job", "metadata": metadata, "spec": spec}
+    )
+    database = db.Database.open(db_url)
+    created = _create(database, new, generated=name is None)
+    print(f"{created.ref()} created", file=sys.stderr if attach else sys.stdout, flush=True)
+    if attach:
+        raise SystemExit(_attach(database, where, created.name, created.metadata.uid))
+
+
+def _generated_name() -> str:
+    return "run-" + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
+
+
+def _create(database: db.Database, new: job.Job, generated: bool) -> job.Job:
+    """Create the Job; a generated name that is, rarely, taken is drawn again."""
+    from gctl.store import store
+
+    for tries_left in (2, 1, 0):
+
+        def create(writer: store.Store, obj: job.Job = new) -> job.Job:
+            return writer.create(obj)
+
+        try:
+            return store.transact(database, create)
+        except errors.AlreadyExists:
+            if not generated:
+                raise errors.AlreadyExists(
+                    f'job "{new.name}" already exists in namespace "{new.namespace}"'
+                ) from None
+            if not tries_left:
+                raise
+        renamed = new.metadata.model_copy(update={"name": _generated_name()})
+        new = new.model_copy(update={"metadata": renamed})
+    raise AssertionError("unreachable")
+
+
+def _number(text: str | None) -> int | float | str | None:
+    """A number from the command line; anything else goes on for the model to refuse."""
+    if text is None:
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(flag: str, given: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in given:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise errors.Invalid(f"{flag} {item!r}: use KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def _validated(document: dict[str, Any]) -> job.Job:
+    """The same validation as apply; the message names the Job and the field."""
+    from gctl.api import job, manifest
+
+    # JSON is YAML; DEL is the one character JSON leaves raw that YAML refuses.
+    text = json.dumps(document).replace("\x7f", "\\u007f")
+    try:
+        (parsed,) = manifest.parse(_SOURCE, text)
+    except errors.Invalid as exc:
+        raise errors.Invalid(_SOURCE_PREFIX.sub(r"\1: ", str(exc))) from None
+    assert isinstance(parsed.obj, job.Job)
+    return parsed.obj
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What an attached `run` does next: stream `attempt`, or end as the finished Job did."""
+
+    attempt: binding.Binding | None = None
+    phase: str = ""
+    exit_code: int | None = None
+    message: str = ""
+
+
+def _next_step(shown: int) -> Callable[[following.View], _Step | None]:
+    """An attempt after `shown` to stream, else the Job's end, else keep waiting."""
+
+    def decide(view: following.View) -> _Step | None:
+        for attempt in view.attempts:
+            if attempt.spec.attempt > shown and following.started(attempt):
+                return _Step(attempt)
+        if view.job is None:
+            raise errors.NotFound(f"job {view.name} was deleted")
+        status = view.job.status
+        if status.phase in following.FINISHED:
+            return _Step(None, status.phase, status.exit_code, status.message or "")
+        return None
+
+    return decide
+
+
+def _attach(database: db.Database, namespace: str, name: str, uid: str | None) -> int:
+    """Stream each attempt's output as it starts; return the exit code the Job ends with."""
+    stop = threading.Event()
+    shown = 0
+    try:
+        with following.interruptible(stop):
+            view = following.read_view(database, namespace, name, uid)
+            while True:
+                step, view = following.await_view(database, view, _next_step(shown), stop)
+                if step.attempt is None:
+                    return _exit_code(name, step)
+                if step.attempt.status.log_path is not None:
+                    following.show(database, step.attempt, view.revision, True, stop)
+                shown = step.attempt.spec.attempt
+    except following.Interrupted:
+        return _stop_attached(database, namespace, name, uid)
+
+
+def _exit_code(name: str, finished: _Step) -> int:
+    if finished.phase == "Succeeded":
+        return 0
+    print(f"job.gctl/{name} failed: {finished.message}", file=sys.stderr)
+    return finished.exit_code or 1
+
+
+def _stop_attached(database: db.Database, namespace: str, name: str, uid: str | None) -> int:
+    """Ctrl-C while attached: delete the Job, which stops its process, and wait until it is
+    gone; a second Ctrl-C stops waiting."""
+    from gctl.api import job
+    from gctl.store import feed, store
+
+    revision = following.read_view(database, namespace, name, uid).revision
+    try:
+        _, gone = store.transact(
+            database, lambda writer: writer.delete(job.Job, name, namespace, uid=uid)
+        )
+    except (errors.NotFound, errors.Conflict):  # gone already, or replaced
+        gone = True
+    print(f"interrupted: job.gctl/{name} deleted, stopping its process", file=sys.stderr)
+    if gone:
+        return following.INTERRUPTED
+    stop = threading.Event()
+    with following.interruptible(stop), feed.Watch(database, since=revision, stop=stop) as changes:
+        for batch in changes:
+            if any(c.uid == uid and c.type == "DELETED" for c in batch):
+                break
+    return following.INTERRUPTED
+
+
+# -- wait ----------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_timeout(text: str) -> float:
+    """`30s`, `10m`, `1h30m`, `500ms`, or a bare number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = _DURATION.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise errors.Invalid(
+                f"--timeout {text!r}: use a duration such as 30s, 10m, 1h, or seconds"
+            ) from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise errors.Invalid(f"--timeout {text!r}: must be a duration of zero or more")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Goal:
+    """`--for`: a condition type with the status wanted, or deletion (type None)."""
+
+    type: str | None
+    status: str = "True"
+
+    def met(self, wire: dict[str, Any] | None) -> bool:
+        if wire is None:
+            return self.type is None
+        return self.type is not None and any(
+            c.get("type", "").lower() == self.type.lower() and c.get("status") == self.status
+            for c in wire.get("status", {}).get("conditions", [])
+        )
+
+
+def parse_goal(text: str) -> Goal:
+    if text.lower() == "delete":
+        return Goal(None)
+    what, eq, rest = text.partition("=")
+    if what.lower() == "condition" and eq and rest:
+        type_, eq, value = rest.partition("=")
+        status = {"true": "True", "false": "False", "unknown": "Unknown"}.get(
+            value.lower() if eq else "true"
+        )
+        if type_ and status is not None:
+            return Goal(type_, status)
+    raise errors.Invalid(
+        f"--for {text!r}: use condition=TYPE (e.g. condition=Complete), "
+        "condition=TYPE=false, or delete"
+    )
+
+
+def wait(
+    *,
+    resource: str,
+    names: list[str],
+    conditions: list[str],
+    timeout: str,
+    namespace: str | None,
+    db_url: str | None,
+) -> None:
+    from gctl.store import db, store
+
+    if not conditions:
+        raise errors.Invalid("--for: say what to wait for: condition=TYPE or delete")
+    goals = [parse_goal(text) for text in conditions]
+    seconds = parse_timeout(timeout)
+    info, names = _targets(resource, names)
+    where = (namespace or kinds.DEFAULT_NAMESPACE) if info.namespaced else ""
+    database = db.Database.open(db_url)
+    with database.read() as session:
+        reader = store.Store(session)
+        revision = reader.current_revision()
+        found = {
+            w["metadata"]["name"]: w
+            for w in reader.list_wire(kinds.model(info.kind), where or None, names=names)
+        }
+    waiting = {}
+    for name in dict.fromkeys(names):
+        if name not in found and not any(g.type is None for g in goals):
+            raise errors.NotFound(store_not_found(info, name, where))
+        waiting[name] = found.get(name)
+    _settle(info, waiting, goals)
+    if waiting and seconds > 0:
+        _wait_for(
+            database=database,
+            info=info,
+            where=where,
+            revision=revision,
+            waiting=waiting,
+            goals=goals,
+            seconds=seconds,
+        )
+    for name in sorted(waiting):
+        print(
+            f"error: timed out waiting for the condition on {info.plural}/{name}", file=sys.stderr
+        )
+    if waiting:
+        raise SystemExit(1)
+
+
+def _targets(resource: str, names: list[str]) -> tuple[kinds.KindInfo, list[str]]:
+    """`KIND NAME...` or `KIND/NAME...`, as kubectl wait takes them; one kind at a time."""
+    if "/" not in resource:
+        info = kinds.by_word(resource)
+        if not names:
+            raise errors.Invalid(f"name the {info.plural} to wait for: KIND/NAME or KIND NAME...")
+        return info, names
+    found: list[str] = []
+    infos = set()
+    for text in [resource, *names]:
+        word, slash, name = text.partition("/")
+        if not slash or not name:
+            raise errors.Invalid(f"{text}: give every object as KIND/NAME, or KIND NAME...")
+        infos.add(kinds.by_word(word))
+        found.append(name)
+    if len(infos) > 1:
+        raise errors.Invalid("wait for one kind at a time")
+    return infos.pop(), found
+
+
+def store_not_found(info: kinds.KindInfo, name: str, where: str) -> str:
+    place = f' in namespace "{where}"' if info.namespaced else ""
+    return f'{info.kind.lower()} "{name}" not found{place}'
+
+
+def _settle(
+    info: kinds.KindInfo, waiting: dict[str, dict[str, Any] | None], goals: list[Goal]
+) -> None:
+    """Print and drop the objects (None: deleted) that meet a goal."""
+    for name, wire in list(waiting.items()):
+        if any(goal.met(wire) for goal in goals):
+            print(f"{info.kind.lower()}.gctl/{name} condition met", flush=True)
+            del waiting[name]
+
+
+def _wait_for(
+    *,
+    database: db.Database,
+    info: kinds.KindInfo,
+    where: str,
+    revision: int,
+    waiting: dict[str, dict[str, Any] | None],
+    goals: list[Goal],
+    seconds: float,
+) -> None:
+    """Follow the feed until every object meets a goal, the time is up, or Ctrl-C."""
+    from gctl.store import feed
+
+    stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    timer.daemon = True
+    timer.start()
+    try:
+        with (
+            following.interruptible(stop) as interrupted,
+            feed.Watch(database, since=revision, kinds=[info.kind], stop=stop) as changes,
+        ):
+            for batch in changes:
+                for change in batch:
+                    if change.name in waiting and change.namespace == where:
+                        deleted = change.type == "DELETED"
+                        if deleted and not any(g.type is None for g in goals):
+                            raise errors.NotFound(
+                                f"{info.kind.lower()}.gctl/{change.name} was deleted while "
+                                "waiting for the condition"
+                            )
+                        waiting[change.name] = None if deleted else change.object
+                _settle(info, waiting, goals)
+                if not waiting:
+                    return
+        if interrupted.is_set():
+            raise SystemExit(following.INTERRUPTED)
+    finally:
+        timer.cancel()
+
+
+# -- get gpus ------------------------------------------------------------------------------------
+
+
+def get_gpus(
+    *,
+    nodes: list[str],
+    output: str,
+    selector_text: str | None,
+    following: bool,
+    db_url: str | None,
+) -> None:
+    from gctl.cli import commands
+
+    if following:
+        raise errors.Invalid(
+            "get gpus: -w, --watch-only and --show-labels are for stored kinds; "
+            "use them with nodes or bindings"
+        )
+    if output not in ("", "wide", "yaml", "json"):
+        raise errors.Invalid(f"-o {output}: gpus print as a table, wide, yaml or json")
+    label_selector = selector.parse(selector_text) if selector_text else None
+    node_wires = commands._list(db_url, kinds.NODE, None, nodes or None).wires
+    missing = sorted(set(nodes) - {w["metadata"]["name"] for w in node_wires})
+    if missing:
+        raise errors.NotFound(f'node "{missing[0]}" not found')
+    if label_selector is not None:
+        node_wires = [
+            w for w in node_wires if label_selector.matches(w["metadata"].get("labels", {}))
+        ]
+    bindings = commands._list(db_url, kinds.BINDING, None, None).wires
+    rows = printers.gpu_rows(node_wires, bindings)
+    if output in ("yaml", "json"):
+        text = printers.dump_yaml(rows) if output == "yaml" else printers.dump_json(rows) + "\n"
+        sys.stdout.write(text)
+        return
+    if not rows:
+        print("No resources found.", file=sys.stderr)
+        return
+    table = printers.Table(printers.GPU_VIEW, output == "wide", namespaces=False, show_labels=False)
+    printers.print_objects(rows, output, table, single=False)

@@ -1,0 +1,389 @@
+"""End-to-end tests of the commands that follow Jobs as they run: logs, run, wait, get gpus.
+
+Each test that runs jobs starts the real daemons (`gctl up` with fake GPUs) and drives the real
+console script; the job processes are real. Waits use `gctl wait` itself, or read the store at
+most every 0.1 s up to a generous deadline: nothing asserts on speed. Setup and checks that are
+not under test read and write the store in-process, as test_cli.py does.
+"""
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gctl.api import binding, job, meta, node
+from gctl.store import db, store
+from tests.conftest import Gctl, Result
+
+DEADLINE = 20.0  # seconds any one thing may take before a test gives up on it
+SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+# -- the daemons and helpers -----------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[list[str]]:
+    """`gctl up` with two fake GPUs; yields the lines it logged so far (for failure messages)."""
+    process = gctl.popen(
+        "up",
+        "--fake-gpus",
+        "2",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--heartbeat",
+        "1",
+        "--grace-period",
+        "2",
+    )
+    logged: list[str] = []
+    # Drain its output, so that a full pipe never blocks it.
+    drains = [
+        threading.Thread(target=logged.extend, args=(stream,), daemon=True)
+        for stream in (process.stdout, process.stderr)
+    ]
+    for drain in drains:
+        drain.start()
+    yield logged
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for drain in drains:
+        drain.join(timeout=5)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def poll(check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+    """Call `check` every 0.1 s until it returns something true; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def find_job(database: db.Database, name: str) -> job.Job | None:
+    with database.read() as session:
+        return store.Store(session).find(job.Job, name)
+
+
+def attempts(database: db.Database, name: str) -> list[binding.Binding]:
+    with database.read() as session:
+        reader = store.Store(session)
+        found = reader.find(job.Job, name)
+        return reader.bindings_of(found.metadata.uid or "") if found else []
+
+
+def running_attempt(database: db.Database, name: str) -> binding.Binding | None:
+    return next((a for a in attempts(database, name) if a.status.phase == "Running"), None)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def apply_job(gctl: Gctl, name: str, **spec: Any) -> None:
+    document = {
+        "apiVersion": "gctl/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    gctl.ok("apply", "-f", "-", stdin=yaml.safe_dump(document))
+
+
+def error_line(result: Result) -> str:
+    """The one `error: ...` line of a failed command; never a traceback."""
+    assert result.code != 0, result.out
+    assert "Traceback" not in result.err, result.err
+    lines = result.err.splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def lines_every(seconds: float, count: int) -> list[str]:
+    """A command that prints `line 1` .. `line N`, one each `seconds`."""
+    return ["sh", "-c", f"for i in $(seq {count}); do echo line $i; sleep {seconds}; done"]
+
+
+def finish(process: "subprocess.Popen[str]") -> Result:
+    out, err = process.communicate(timeout=DEADLINE)
+    return Result(process.returncode, out, err)
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+
+def test_run_then_logs_of_the_finished_job(
+    gctl: Gctl, cluster: list[str], database: db.Database
+) -> None:
+    """`run` creates the Job from the command line, in this directory; once it has succeeded,
+    `logs` prints what it wrote to stdout and stderr."""
+    command = ["sh", "-c", "echo $GREETING from $(pwd); echo to stderr >&2"]
+    out = gctl.ok(
+        "run", "--name", "done", "--env", "GREETING=hello", "-l", "team=nlp", "--", *command
+    )
+
+    assert out == "job.gctl/done created\n"
+    gctl.ok("wait", "job/done", "--for=condition=Complete", "--timeout=20s")
+    created = find_job(database, "done")
+    assert created is not None
+    assert (created.spec.command, created.spec.working_dir) == (command, str(gctl.cwd))
+    assert (created.metadata.labels, created.status.phase) == ({"team": "nlp"}, "Succeeded")
+    printed = f"hello from {gctl.cwd}\nto stderr\n"
+    assert gctl.ok("logs", "done") == printed
+    assert gctl.ok("logs", "job/done", "--attempt", "1") == printed
+    assert error_line(gctl("logs", "missing")) == (
+        'error: job "missing" not found in namespace "default"'
+    )
+    assert error_line(gctl("logs", "done", "-p")) == (
+        "error: job done has no previous attempt (attempts: 1)"
+    )
+
+
+def test_logs_follow_prints_every_line_then_exits(
+    gctl: Gctl, cluster: list[str], database: db.Database
+) -> None:
+    """-f on a running job: what it wrote so far, then each line as written, until it ends."""
+    gctl.ok("run", "--name", "ticker", "--", *lines_every(0.2, 5))
+    poll(lambda: running_attempt(database, "ticker"), "ticker to run")
+
+    result = finish(gctl.popen("logs", "ticker", "-f"))
+
+    assert result.code == 0, result.err
+    assert result.out == "".join(f"line {i}\n" for i in range(1, 6))
+
+
+@SQLITE_ONLY
+def test_logs_follow_waits_for_the_first_attempt(gctl: Gctl, cluster: list[str]) -> None:
+    """Without -f a Job that has not started is an error; with -f, logs waits for it."""
+    apply_job(gctl, "later", command=lines_every(0.2, 3), suspend=True)
+    assert error_line(gctl("logs", "later")) == "error: job later has not started yet"
+    follower = gctl.popen("logs", "later", "-f")
+    time.sleep(0.5)  # give it time to go wrong: nothing has started, it must keep waiting
+    assert follower.poll() is None
+
+    apply_job(gctl, "later", command=lines_every(0.2, 3), suspend=False)
+    result = finish(follower)
+
+    assert result.code == 0, result.err
+    assert result.out == "line 1\nline 2\nline 3\n"
+    assert result.err == ""
+
+
+@pytest.mark.timeout(90)
+@SQLITE_ONLY
+def test_logs_of_each_attempt(gctl: Gctl, cluster: list[str], tmp_path: Path) -> None:
+    """The first attempt fails (exit 3); after the controller's 10 s back-off the second
+    succeeds. The latest attempt is the default; --attempt and --previous reach the first."""
+    marker = tmp_path / "failed-once"
+    script = (
+        "echo attempt $GCTL_ATTEMPT; "
+        f"if [ -e {marker} ]; then echo ok; else touch {marker}; exit 3; fi"
+    )
+    apply_job(gctl, "flaky", command=["sh", "-c", script], backoffLimit=1)
+
+    gctl.ok("wait", "job/flaky", "--for=condition=Complete", "--timeout=40s")
+
+    assert gctl.ok("logs", "flaky") == "attempt 2\nok\n"
+    assert gctl.ok("logs", "flaky", "--attempt", "1") == "attempt 1\n"
+    assert gctl.ok("logs", "flaky", "--previous") == "attempt 1\n"
+    assert gctl.ok("logs", "flaky", "--attempt", "2", "-f") == "attempt 2\nok\n"
+    assert error_line(gctl("logs", "flaky", "--attempt", "3")) == (
+        "error: job flaky has no attempt 3 (attempts: 1, 2)"
+    )
+
+
+# -- run -------------------------------------------------------------------------------------
+
+
+def test_run_attach_prints_the_output_and_exits_with_its_code(
+    gctl: Gctl, cluster: list[str]
+) -> None:
+    result = gctl("run", "--attach", "--", "sh", "-c", "echo hi; exit 7", timeout=DEADLINE)
+
+    assert result.code == 7, result.err
+    assert result.out == "hi\n"
+    assert "created" in result.err  # messages go to stderr; stdout is the job's own
+
+
+@SQLITE_ONLY
+def test_run_refuses_bad_gpus_and_creates_nothing(gctl: Gctl) -> None:
+    line = error_line(gctl("run", "--gpus", "1.5", "--", "true"))
+
+    assert "spec.resources.gpus: 1.5 is neither a fraction in (0,1] nor a whole number" in line
+    result = gctl("get", "jobs")
+    assert (result.out, result.err) == ("", "No resources found in default namespace.\n")
+    assert re.fullmatch(r"job\.gctl/run-[a-z0-9]{5} created\n", gctl.ok("run", "--", "true"))
+
+
+@SQLITE_ONLY
+def test_run_attach_interrupted_deletes_the_job(
+    gctl: Gctl, cluster: list[str], database: db.Database
+) -> None:
+    attached = gctl.popen(
+        "run", "--attach", "--name", "sleepy", "--", "sh", "-c", "echo started; exec sleep 60"
+    )
+    assert attached.stdout is not None
+    first: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: first.put(attached.stdout.readline()), daemon=True).start()
+    assert first.get(timeout=DEADLINE) == "started\n"
+    pid = poll(lambda: (a := running_attempt(database, "sleepy")) and a.status.pid, "the pid")
+    assert alive(pid)
+
+    attached.send_signal(signal.SIGINT)
+    result = finish(attached)
+
+    assert result.code == 130, result.err
+    assert "interrupted" in result.err
+    poll(lambda: find_job(database, "sleepy") is None, "the job to be deleted")
+    poll(lambda: not alive(pid), "its process to end")
+
+
+# -- wait ------------------------------------------------------------------------------------
+
+
+def test_wait_for_conditions_and_deletion(gctl: Gctl, cluster: list[str]) -> None:
+    gctl.ok("run", "--name", "quick", "--", "true")
+    gctl.ok("run", "--name", "slow", "--", "sleep", "30")
+
+    met = gctl("wait", "job/quick", "--for=condition=Complete", "--timeout=20s")
+    timed_out = gctl("wait", "job/slow", "--for=condition=Complete", "--timeout=1s")
+
+    assert (met.code, met.out) == (0, "job.gctl/quick condition met\n")
+    assert (timed_out.code, timed_out.out) == (1, "")
+    assert error_line(timed_out) == "error: timed out waiting for the condition on jobs/slow"
+    gctl.ok("delete", "job", "slow", "--no-wait")
+    assert gctl.ok("wait", "jobs", "slow", "--for=delete", "--timeout=20s") == (
+        "job.gctl/slow condition met\n"
+    )
+
+
+@SQLITE_ONLY
+def test_wait_refuses_what_it_cannot_wait_for(gctl: Gctl) -> None:
+    apply_job(gctl, "idle", command=["true"], suspend=True)
+
+    assert "--for 'done'" in error_line(gctl("wait", "job/idle", "--for=done"))
+    assert "--timeout '5 min'" in error_line(
+        gctl("wait", "job/idle", "--for=condition=Complete", "--timeout=5 min")
+    )
+    assert error_line(gctl("wait", "job/nope", "--for=condition=Complete")) == (
+        'error: job "nope" not found in namespace "default"'
+    )
+
+
+# -- get gpus --------------------------------------------------------------------------------
+
+
+def test_get_gpus_shows_the_jobs_on_each_gpu(
+    gctl: Gctl, cluster: list[str], database: db.Database
+) -> None:
+    gctl.ok("run", "--name", "holder", "--", "sleep", "30")
+    poll(lambda: running_attempt(database, "holder"), "holder to run")
+
+    out = gctl.ok("get", "gpus")
+
+    header, *rows = [line.split() for line in out.splitlines()]
+    assert header == ["NODE", "GPU", "MODEL", "MEMORY", "UTIL", "JOBS", "STATUS"]
+    assert len(rows) == 2
+    assert [row[-1] for row in rows] == ["Ready", "Ready"]
+    assert sum("holder" in row for row in rows) == 1
+    listed = json.loads(gctl.ok("get", "gpus", "-o", "json"))
+    assert [[j["name"] for j in row["jobs"]] for row in listed].count(["holder"]) == 1
+
+
+def _node(name: str, gpus: list[node.GPUInfo], **spec: Any) -> node.Node:
+    ready = meta.Condition(type="Ready", status="True", reason="AgentReady")
+    return node.Node(
+        metadata=meta.ObjectMeta(name=name),
+        spec=node.NodeSpec.model_validate(spec),
+        status=node.NodeStatus(conditions=[ready], gpus=gpus),
+    )
+
+
+def _gpu(index: int, used_gi: float, **fields: Any) -> node.GPUInfo:
+    return node.GPUInfo(
+        index=index,
+        uuid=f"GPU-{index:08x}-aaaa-bbbb-cccc-dddddddddddd",
+        model="NVIDIA A100-SXM4-80GB",
+        memory_total=80 * 2**30,
+        memory_used=int(used_gi * 2**30),
+        utilization=97,
+        **fields,
+    )
+
+
+def _binding(job_name: str, node_name: str, gpus: list[int], share: float, pid: int) -> Any:
+    return binding.Binding(
+        metadata=meta.ObjectMeta(name=f"{job_name}-1", namespace="default"),
+        spec=binding.BindingSpec(
+            job_name=job_name,
+            job_uid=f"uid-{job_name}",
+            attempt=1,
+            node=node_name,
+            gpus=gpus,
+            gpu_share=share,
+        ),
+        status=binding.BindingStatus(phase="Running", pid=pid),
+    )
+
+
+@SQLITE_ONLY
+def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Database) -> None:
+    """Two nodes of two A100s each, as agents report them: shared, cordoned and draining GPUs,
+    and a process gctl did not start."""
+    notebook = node.GPUProcess(pid=4242, used_memory=3 * 2**30)
+    ours = node.GPUProcess(pid=100, used_memory=20 * 2**30)
+    nodes = [
+        _node("gpu-node-01", [_gpu(0, 79.3, processes=[ours, notebook]), _gpu(1, 3.2)]),
+        _node("gpu-node-02", [_gpu(0, 0), _gpu(1, 40)], cordonedGPUs=[0], drainingGPUs=[1]),
+    ]
+    bindings = [
+        _binding("train-small", "gpu-node-01", [0], 1.0, 100),
+        _binding("eval-a", "gpu-node-01", [1], 0.5, 101),
+        _binding("eval-b", "gpu-node-01", [1], 0.5, 102),
+    ]
+    with database.write() as session:
+        store.Store(session).create_many([*nodes, *bindings])
+
+    out = gctl.ok("get", "gpus")
+    wide = gctl.ok("get", "gpus", "-o", "wide")
+
+    assert max(len(line) for line in out.splitlines()) <= 100, out
+    rows = [line.split()[:2] + line.split()[3:] for line in out.splitlines()[1:]]
+    assert rows == [
+        ["gpu-node-01", "0", "79.3Gi/80Gi", "97%", "train-small", "Ready"],
+        ["gpu-node-01", "1", "3.2Gi/80Gi", "97%", "eval-a(0.5),eval-b(0.5)", "Ready"],
+        ["gpu-node-02", "0", "0/80Gi", "97%", "<none>", "Cordoned"],
+        ["gpu-node-02", "1", "40Gi/80Gi", "97%", "<none>", "Draining"],
+    ]
+    assert all(line.split()[2] == "A100-SXM4-80GB" for line in out.splitlines()[1:])
+    wide_rows = [line.split() for line in wide.splitlines()]
+    assert wide_rows[0][-2:] == ["UUID", "FOREIGN"]
+    assert [row[-1] for row in wide_rows[1:]] == ["3Gi", "<none>", "<none>", "<none>"]
+    listed = yaml.safe_load(gctl.ok("get", "gpus", "-o", "yaml"))
+    assert listed[0]["foreignProcesses"] == [{"pid": 4242, "usedMemory": 3 * 2**30}]
+    assert listed[1]["model"] == "NVIDIA A100-SXM4-80GB"
