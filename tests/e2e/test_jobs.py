@@ -1,0 +1,299 @@
+"""Jobs run for real: the controller and node agents as separate processes, real job processes,
+real signals. Fake GPUs only (the GPU boundary).
+
+Waits poll `gctl get` every 0.1 s up to a generous timeout; nothing asserts on speed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GCTL_BIN, Gctl
+
+
+class Cluster:
+    """A controller and agents started with `gctl`, each logging to a file of its own."""
+
+    def __init__(self, gctl: Gctl, tmp: Path) -> None:
+        self.gctl = gctl
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        proc = subprocess.Popen(
+            [GCTL_BIN, *args], stdout=log, stderr=log, env=self.gctl.env(), cwd=self.tmp
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def controller(self) -> subprocess.Popen[bytes]:
+        return self._start(
+            "controller", "controller", "run", "--node-timeout", "3", "--backoff", "0.2"
+        )
+
+    def agent(self, name: str = "n1", gpus: int = 2) -> subprocess.Popen[bytes]:
+        return self._start(
+            name,
+            "agent",
+            "run",
+            "--node-name",
+            name,
+            "--fake-gpus",
+            str(gpus),
+            "--state-dir",
+            str(self.tmp / f"state-{name}"),
+            "--heartbeat",
+            "0.5",
+            "--grace-period",
+            "1",
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(10)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs.pop(name)
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()}" for p in self.tmp.glob("*.log"))
+
+
+@pytest.fixture
+def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[Cluster]:
+    running = Cluster(gctl, tmp_path)
+    yield running
+    running.stop()
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job(gctl: Gctl, name: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(gctl.ok("get", "job", name, "-o", "json"))
+    return document
+
+
+def phase_is(gctl: Gctl, name: str, *phases: str) -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        found = job(gctl, name)
+        return found if found["status"].get("phase") in phases else None
+
+    return check
+
+
+def apply_job(gctl: Gctl, name: str, command: list[str] | str, **spec: Any) -> None:
+    document = {
+        "apiVersion": "gctl/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"command": command, **spec},
+    }
+    gctl.ok("apply", "-f", "-", stdin=json.dumps(document))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+def test_job_sees_its_gpus_and_identity(cluster: Cluster, gctl: Gctl, tmp_path: Path) -> None:
+    cluster.controller()
+    cluster.agent(gpus=4)
+    out = tmp_path / "env.txt"
+    script = f"echo $CUDA_VISIBLE_DEVICES $GCTL_JOB_NAME $GCTL_ATTEMPT $GCTL_GPUS {{gpus}} > {out}"
+    apply_job(gctl, "envcheck", script, resources={"gpus": 2})
+    apply_job(
+        gctl,
+        "ascend",
+        f"echo ascend=$ASCEND_RT_VISIBLE_DEVICES >> {out}.ascend",
+        resources={"gpus": 1},
+        gpuEnv="ASCEND_RT_VISIBLE_DEVICES",
+    )
+    done = wait_for(phase_is(gctl, "envcheck", "Succeeded"), "envcheck to succeed")
+    gpus = ",".join(str(g) for g in done["status"]["gpus"])
+    assert out.read_text().split() == [gpus, "envcheck", "1", gpus, gpus]
+    wait_for(phase_is(gctl, "ascend", "Succeeded"), "ascend to succeed")
+    assert (tmp_path / "env.txt.ascend").read_text().startswith("ascend=")
+    assert len(done["status"]["gpus"]) == 2
+
+
+def test_exit_code_and_retries(cluster: Cluster, gctl: Gctl, tmp_path: Path) -> None:
+    cluster.controller()
+    cluster.agent()
+    apply_job(gctl, "fails", ["sh", "-c", "exit 3"])
+    failed = wait_for(phase_is(gctl, "fails", "Failed"), "fails to fail")
+    assert failed["status"]["exitCode"] == 3
+    assert failed["status"]["reason"] == "BackoffLimitExceeded"
+    marker = tmp_path / "tried"
+    apply_job(gctl, "flaky", f"test -e {marker} || {{ touch {marker}; exit 4; }}", backoffLimit=2)
+    ok = wait_for(phase_is(gctl, "flaky", "Succeeded"), "flaky to succeed on its retry")
+    assert (ok["status"]["attempts"], ok["status"]["failed"]) == (2, 1)
+    events = gctl.ok("get", "events")
+    assert "BackOff" in events
+    assert "Completed" in events
+
+
+def _group_script(tmp_path: Path) -> str:
+    """A job that ignores SIGTERM and leaves a child that ignores it too; records the pids."""
+    return (
+        f"trap '' TERM; (trap '' TERM; sleep 300) & echo $! > {tmp_path}/child; "
+        f"echo $$ > {tmp_path}/parent; sleep 300"
+    )
+
+
+def _pids(tmp_path: Path) -> list[int]:
+    return [int((tmp_path / name).read_text()) for name in ("parent", "child")]
+
+
+def test_deadline_kills_the_whole_process_group(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path
+) -> None:
+    cluster.controller()
+    cluster.agent()
+    apply_job(gctl, "slow", _group_script(tmp_path), activeDeadlineSeconds=2)
+    wait_for((tmp_path / "child").exists, "the job to start its child")
+    failed = wait_for(phase_is(gctl, "slow", "Failed"), "the deadline to fail the job")
+    assert failed["status"]["reason"] == "DeadlineExceeded"
+    assert not any(alive(pid) for pid in _pids(tmp_path))
+
+
+def test_delete_stops_the_whole_process_group(cluster: Cluster, gctl: Gctl, tmp_path: Path) -> None:
+    cluster.controller()
+    cluster.agent()
+    apply_job(gctl, "doomed", _group_script(tmp_path))
+    wait_for((tmp_path / "child").exists, "the job to start its child")
+    pids = _pids(tmp_path)
+    assert all(alive(pid) for pid in pids)
+    assert gctl.ok("delete", "job", "doomed") == 'job.gctl "doomed" deleted\n'
+    assert gctl("get", "job", "doomed").code == 1
+    assert not any(alive(pid) for pid in pids)
+    assert gctl.ok("get", "bindings") == ""
+
+
+def test_agent_killed_mid_job_learns_the_real_exit_code(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path
+) -> None:
+    cluster.controller()
+    cluster.agent()
+    go = tmp_path / "go"
+    apply_job(gctl, "survivor", f"while ! test -e {go}; do sleep 0.05; done; exit 5")
+    wait_for(phase_is(gctl, "survivor", "Running"), "survivor to run")
+    cluster.kill("n1")  # SIGKILL: no cleanup at all
+    go.touch()  # the job ends while no agent is watching
+    time.sleep(1)
+    cluster.agent()
+    failed = wait_for(phase_is(gctl, "survivor", "Failed"), "the restarted agent to report")
+    assert failed["status"]["exitCode"] == 5
+    assert failed["status"]["attempts"] == 1
+
+
+def test_controller_killed_while_scheduling_runs_each_job_once(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "runs.txt"
+    documents = [
+        {
+            "apiVersion": "gctl/v1",
+            "kind": "Job",
+            "metadata": {"name": f"once-{i:02d}"},
+            "spec": {
+                "command": f"echo $GCTL_JOB_NAME >> {ledger}; sleep 0.1",
+                "resources": {"gpus": 0.5},
+            },
+        }
+        for i in range(24)
+    ]
+    gctl.ok("apply", "-f", "-", stdin=json.dumps({"kind": "List", "items": documents}))
+    cluster.agent(gpus=2)
+    for pause in (0.3, 0.2, 0.4, 0.25):
+        cluster.controller()
+        time.sleep(pause)
+        cluster.kill("controller")
+    cluster.controller()
+
+    def all_succeeded() -> bool:
+        listed = json.loads(gctl.ok("get", "jobs", "-o", "json"))["items"]
+        return all(item["status"].get("phase") == "Succeeded" for item in listed)
+
+    wait_for(all_succeeded, "every job to succeed", timeout=60)
+    runs = ledger.read_text().split()
+    assert sorted(runs) == sorted(d["metadata"]["name"] for d in documents)
+
+
+def test_two_agents_share_the_work(cluster: Cluster, gctl: Gctl, tmp_path: Path) -> None:
+    cluster.controller()
+    cluster.agent("n1", gpus=1)
+    cluster.agent("n2", gpus=1)
+    wait_for(lambda: gctl.ok("get", "nodes").count("Ready") == 2, "both nodes Ready")
+    for i in range(2):
+        apply_job(gctl, f"share-{i}", f"touch {tmp_path}/started-$GCTL_NODE; sleep 1")
+    for i in range(2):
+        wait_for(phase_is(gctl, f"share-{i}", "Succeeded"), f"share-{i} to succeed")
+    assert {p.name for p in tmp_path.glob("started-*")} == {"started-n1", "started-n2"}
+
+
+def test_silent_node_has_its_jobs_retried_on_another(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path
+) -> None:
+    cluster.controller()
+    cluster.agent("n1", gpus=1)
+    wait_for(lambda: "n1" in gctl.ok("get", "nodes"), "n1 to register")
+    apply_job(
+        gctl, "moved", f"echo $GCTL_NODE >> {tmp_path}/nodes; sleep 2", placement={"gpus": [0]}
+    )
+    wait_for(phase_is(gctl, "moved", "Running"), "moved to run on n1")
+    cluster.kill("n1")  # n1 stops heartbeating; its job process keeps running for now
+    cluster.agent("n2", gpus=1)
+    done = wait_for(phase_is(gctl, "moved", "Succeeded"), "moved to finish on n2", timeout=40)
+    assert done["status"]["node"] == "n2"
+    assert done["status"]["attempts"] == 2
+    assert "NotReady" in gctl.ok("get", "nodes") or "Unknown" in gctl.ok("get", "nodes")
+    assert (tmp_path / "nodes").read_text().split() == ["n1", "n2"]
+    # n1 comes back, finds its attempt declared lost and stops what still runs of it.
+    cluster.agent("n1", gpus=1)
+    wait_for(lambda: "Ready" in gctl.ok("get", "node", "n1"), "n1 to be Ready again")
+
+
+@pytest.mark.parametrize("suspend_first", [True])
+def test_suspend_stops_and_requeues(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path, suspend_first: bool
+) -> None:
+    cluster.controller()
+    cluster.agent()
+    apply_job(gctl, "pausable", f"echo run >> {tmp_path}/runs; sleep 300")
+    wait_for(phase_is(gctl, "pausable", "Running"), "pausable to run")
+    apply_job(gctl, "pausable", f"echo run >> {tmp_path}/runs; sleep 300", suspend=suspend_first)
+    paused = wait_for(phase_is(gctl, "pausable", "Pending"), "the suspended job to requeue")
+    assert paused["status"]["failed"] == 0
+    assert os.path.exists(tmp_path / "runs")
+    apply_job(gctl, "pausable", f"echo run >> {tmp_path}/runs; sleep 300", suspend=False)
+    wait_for(phase_is(gctl, "pausable", "Running"), "the resumed job to run again")
+    assert (tmp_path / "runs").read_text().split() == ["run", "run"]
