@@ -2,7 +2,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEMO_DB ?= $(CURDIR)/.demo/gctl.db
 
 .PHONY: setup demo test lint bench clean
 
@@ -14,13 +13,9 @@ $(BIN)/gctl: pyproject.toml
 
 setup: $(BIN)/gctl
 
-# Apply the example manifests to a demo database and show what gctl now holds.
+# Start gctl on this machine's GPUs (fake ones without NVML), run the examples to completion.
 demo: setup
-	@mkdir -p $(dir $(DEMO_DB))
-	GCTL_DB=$(DEMO_DB) $(BIN)/gctl apply -f manifests/examples/
-	GCTL_DB=$(DEMO_DB) $(BIN)/gctl get pools
-	GCTL_DB=$(DEMO_DB) $(BIN)/gctl get jobs -o wide
-	GCTL_DB=$(DEMO_DB) $(BIN)/gctl describe job hello
+	scripts/demo
 
 lint: setup
 	$(BIN)/ruff check .

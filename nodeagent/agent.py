@@ -217,16 +217,20 @@ class Agent:
                 grace_seconds=self.grace_seconds,
             )
         )
-        self._report(bound, state, log_path=str(log_path))
+        self._report(bound, state)
 
-    def _report(
-        self, bound: binding.Binding, state: runtime.State, log_path: str | None = None
-    ) -> None:
-        """Write what the host knows about an attempt into the Binding's status, if it moved."""
+    def _report(self, bound: binding.Binding, state: runtime.State) -> None:
+        """Write what the host knows about an attempt into the Binding's status, if it moved.
+
+        Running is reported once the supervisor has written the job's pid (its directory
+        watcher wakes the agent when it does), so a Running attempt always has one."""
+        if state.phase == "running" and state.pid is None:
+            return
         status = bound.status.model_copy(deep=True)
         now = self.clock()
-        if log_path is not None:
-            status.log_path = log_path
+        status.log_path = str(
+            self.runtime.log_path(bound.namespace, bound.spec.job_name, bound.spec.attempt)
+        )
         if state.phase == "running":
             status.phase = "Running"
             status.pid = state.pid or status.pid
