@@ -41,12 +41,17 @@ def reconcile(
     if active is not None:
         return _follow_active(writer, j, active, now)
     latest = attempts[-1] if attempts else None
-    if (
-        latest is not None
-        and j.status.phase in ("Scheduled", "Running")
-        and latest.spec.attempt == j.status.attempts
-    ):
-        _account(writer, j, latest, now, backoff_base)
+    if j.status.phase in ("Scheduled", "Running"):
+        if latest is not None and latest.spec.attempt == j.status.attempts:
+            _account(writer, j, latest, now, backoff_base)
+        else:  # its Binding was deleted by hand: the attempt is gone
+            _requeue(
+                writer,
+                j,
+                "AttemptLost",
+                f"attempt {j.status.attempts} disappeared; retrying",
+                now,
+            )
         return None
     if j.status.phase in job.FINISHED_PHASES:
         return _expire(writer, j, now)
@@ -83,7 +88,7 @@ def _follow_active(
         return None
     if active.status.phase == "Running" and j.status.phase != "Running":
         j.status.phase = "Running"
-        j.status.start_time = active.status.start_time or now
+        j.status.start_time = j.status.start_time or active.status.start_time or now
         j = writer.update_status(j)
         writer.record_event(
             j,
@@ -108,7 +113,9 @@ def _account(
     """The latest attempt ended: decide what that means for the Job, once."""
     status = j.status
     status.exit_code = latest.status.exit_code
-    stop = latest.spec.stop_reason
+    # What ended the attempt is what the agent observed: a stop asked for after the process
+    # had already exited on its own does not count (its status.reason says how it ended).
+    stop = latest.status.reason if latest.spec.stop_reason else None
     if latest.status.phase == "Lost" or stop == binding.STOP_NODE_LOST:
         _requeue(
             writer,

@@ -1,17 +1,21 @@
 """The controller's loop: wake on the change feed or a due timer, reconcile what changed.
 
 A change to a Job or to one of its Bindings reconciles that Job; a change to a Node reconciles
-the Node; any change that can free or need GPUs runs a scheduling pass. Reconcilers return when
-they want to run again (deadlines, back-offs, heartbeat timeouts); the loop keeps those in a
-heap. Each reconcile is its own transaction, retried from a fresh read on a conflict.
+the Node; a change that can free or need GPUs runs a scheduling pass (a heartbeat alone does
+not). Reconcilers return when they want to run again (deadlines, back-offs, heartbeat
+timeouts); the loop keeps those in a heap. Each reconcile is its own transaction, retried from
+a fresh read on a conflict; an error in one is logged and retried, and never stops the loop.
 """
 
+import functools
 import heapq
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from controller import jobs, nodes, scheduling
 from gctl.api import job, meta, node
@@ -19,7 +23,15 @@ from gctl.store import db, feed, store
 
 log = logging.getLogger("gctl.controller")
 SCHEDULE = ("schedule", "", "")
+RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
+
+
+def _node_shape(wire: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a Node matters to scheduling: not its heartbeat or GPU utilization."""
+    ready = [c.get("status") for c in wire["status"].get("conditions", []) if c["type"] == "Ready"]
+    gpus = [(g["index"], g["model"], g.get("memoryTotal")) for g in wire["status"].get("gpus", [])]
+    return (wire["metadata"].get("deletionTimestamp"), str(wire["spec"]), ready, gpus)
 
 
 class Controller:
@@ -35,8 +47,10 @@ class Controller:
         self.node_timeout = node_timeout
         self.backoff_base = backoff_base
         self.clock = clock
-        self._changes: queue.Queue[list[store.Change]] = queue.Queue()
+        self._changes: queue.Queue[list[store.Change] | None] = queue.Queue()
         self._timers: list[tuple[datetime, Key]] = []
+        self._seen: nodes.Seen = {}
+        self._node_shapes: dict[str, tuple[Any, ...]] = {}
 
     def reconcile(self, key: Key) -> None:
         kind, namespace, name = key
@@ -46,7 +60,7 @@ class Controller:
             if kind == "Job":
                 return jobs.reconcile(writer, namespace, name, now, self.backoff_base)
             if kind == "Node":
-                return nodes.reconcile(writer, name, now, self.node_timeout)
+                return nodes.reconcile(writer, name, now, self.node_timeout, self._seen)
             return scheduling.schedule(writer, now)
 
         due = store.transact(self.db, work)
@@ -66,13 +80,17 @@ class Controller:
         finished = False
         for change in changes:
             if change.kind == "Job":
-                keys.add(("Job", change.namespace, change.name))
+                keys |= {("Job", change.namespace, change.name), SCHEDULE}
                 finished |= change.object["status"].get("phase") in job.FINISHED_PHASES
             elif change.kind == "Binding":
-                keys.add(("Job", change.namespace, change.object["spec"]["jobName"]))
+                keys |= {("Job", change.namespace, change.object["spec"]["jobName"]), SCHEDULE}
             elif change.kind == "Node":
                 keys.add(("Node", "", change.name))
-            if change.kind != "Event":
+                shape = None if change.type == "DELETED" else _node_shape(change.object)
+                if self._node_shapes.get(change.name) != shape:
+                    self._node_shapes[change.name] = shape  # type: ignore[assignment]
+                    keys.add(SCHEDULE)
+            elif change.kind == "GPUPool":
                 keys.add(SCHEDULE)
         if finished:  # dependents of a finished Job may now run or fail
             with self.db.read() as session:
@@ -90,16 +108,26 @@ class Controller:
             target=self._follow, args=(since, stop), daemon=True, name="controller-feed"
         )
         follower.start()
-        dirty = self.resync()
+        dirty: set[Key] = {RESYNC}
         while not stop.is_set():
-            for key in sorted(dirty, key=lambda k: k == SCHEDULE):  # the scheduler last
-                try:
-                    self.reconcile(key)
-                except Exception:  # the loop never dies: log, and retry on the next change
-                    log.exception("reconciling %s failed", "/".join(p for p in key if p))
+            if RESYNC in dirty:
+                dirty.discard(RESYNC)
+                dirty |= self._guarded(self.resync, RESYNC) or {RESYNC}
+            for key in sorted(dirty - {RESYNC}, key=lambda k: k == SCHEDULE):  # schedule last
+                if self._guarded(functools.partial(self.reconcile, key), key) is None:
                     heapq.heappush(self._timers, (self.clock() + timedelta(seconds=1), key))
-            dirty = self._wait(stop)
+            dirty = self._wait(stop) | (dirty & {RESYNC})
+        self._changes.put(None)
         follower.join(timeout=5)
+
+    def _guarded(self, step: Callable[[], Any], key: Key) -> Any:
+        """Run one step; an error is logged and reported as None, never raised."""
+        try:
+            result = step()
+        except Exception:
+            log.exception("%s failed; retrying", "/".join(p for p in key if p))
+            return None
+        return True if result is None else result
 
     def _wait(self, stop: threading.Event) -> set[Key]:
         dirty: set[Key] = set()
@@ -110,9 +138,15 @@ class Controller:
             try:
                 # At most a second, so that a stop is noticed; a due timer sooner.
                 batch = self._changes.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
-                dirty |= self._keys_of(batch)
+                batches = [batch]
                 while not self._changes.empty():
-                    dirty |= self._keys_of(self._changes.get_nowait())
+                    batches.append(self._changes.get_nowait())
+                for item in batches:
+                    if item is None:  # the follower reconnected: changes may have been missed
+                        dirty.add(RESYNC)
+                    else:
+                        keys = self._guarded(functools.partial(self._keys_of, item), RESYNC)
+                        dirty |= keys or {RESYNC}
             except queue.Empty:
                 pass
             now = self.clock()
@@ -121,6 +155,17 @@ class Controller:
         return dirty
 
     def _follow(self, since: int, stop: threading.Event) -> None:
-        with feed.Watch(self.db, since=since, stop=stop) as changes:
-            for batch in changes:
-                self._changes.put(batch)
+        """Feed changes to the loop; on a lost connection, reconnect and ask for a resync."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                with feed.Watch(self.db, since=since, stop=stop) as changes:
+                    for batch in changes:
+                        self._changes.put(batch)
+                        since = batch[-1].revision
+                        delay = 0.5
+            except Exception as exc:  # the database went away: keep trying, then resync
+                log.warning("change feed interrupted (%s); reconnecting in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                self._changes.put(None)

@@ -1,6 +1,9 @@
-"""The Node lifecycle: a node whose heartbeat is older than the timeout becomes NotReady and its
-attempts are marked Lost, so their Jobs are retried on other nodes.
+"""The Node lifecycle: a node whose heartbeat has not moved for the timeout becomes NotReady and
+its attempts are marked Lost, so their Jobs are retried on other nodes.
 
+As in Kubernetes, the timeout runs on the controller's own clock from when it last *saw* the
+heartbeat change, never from the time the agent wrote: so clock skew between hosts cannot flap
+a node, and a controller that restarts gives every node a full timeout before judging it.
 When the agent comes back it finds those attempts Lost and stops whatever still runs of them.
 """
 
@@ -11,24 +14,40 @@ from gctl.store import store
 
 SOURCE = "controller/nodes"
 
+# node name -> (the heartbeat last read, when this controller first read it)
+Seen = dict[str, tuple[datetime | None, datetime]]
 
-def reconcile(writer: store.Store, name: str, now: datetime, timeout: timedelta) -> datetime | None:
+
+def reconcile(
+    writer: store.Store, name: str, now: datetime, timeout: timedelta, seen: Seen
+) -> datetime | None:
     n = writer.find(node.Node, name)
-    if n is None or n.status.heartbeat_time is None:
+    if n is None:
+        seen.pop(name, None)
+        _lose_attempts(writer, name, f"node {name} was deleted", now)
         return None
-    due = n.status.heartbeat_time + timeout
+    heartbeat = n.status.heartbeat_time
+    previous = seen.get(name)
+    if previous is None or previous[0] != heartbeat:
+        seen[name] = (heartbeat, now)
+    observed = seen[name][1]
+    due = observed + timeout
     if now < due:
         return due
-    message = f"no heartbeat for {int((now - n.status.heartbeat_time).total_seconds())}s"
+    message = f"no heartbeat for {int((now - observed).total_seconds())}s"
     if meta.set_condition(
         n.status.conditions, "Ready", "Unknown", "NodeStatusUnknown", message, now=now
     ):
         n = writer.update_status(n)
         writer.record_event(n, "NodeNotReady", message, type_="Warning", source=SOURCE)
+    _lose_attempts(writer, name, f"node {name}: {message}", now)
+    return None
+
+
+def _lose_attempts(writer: store.Store, name: str, message: str, now: datetime) -> None:
     for attempt in writer.active_bindings(name):
         attempt.status.phase = "Lost"
         attempt.status.reason = "NodeLost"
-        attempt.status.message = f"node {name}: {message}"
+        attempt.status.message = message
         attempt.status.finish_time = now
         writer.update_status(attempt)
-    return None

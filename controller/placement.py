@@ -25,6 +25,7 @@ class Usage:
 
     share: float = 0.0
     jobs: int = 0
+    memory: int = 0  # declared gpuMemory of the jobs on it
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Snapshot:
             usage = self.usage.setdefault((placement.node, index), Usage())
             usage.share += placement.share
             usage.jobs += 1
+            usage.memory += placement.request.gpu_memory or 0
 
 
 def _suits(gpu: GPU, request: Request) -> bool:
@@ -73,6 +75,13 @@ def _suits(gpu: GPU, request: Request) -> bool:
     )
 
 
+def _memory_left(gpu: GPU, usage: Usage, request: Request) -> bool:
+    """Jobs sharing a GPU must fit in its memory together, as they declared it."""
+    if request.gpu_memory is None or gpu.memory_total is None:
+        return True
+    return usage.memory + request.gpu_memory <= gpu.memory_total
+
+
 def fit(snapshot: Snapshot, request: Request) -> Placement | None:
     """The first place the request fits, or None."""
     if request.gpus == 0:
@@ -82,7 +91,7 @@ def fit(snapshot: Snapshot, request: Request) -> Placement | None:
     if request.gpus < 1:
         for gpu in candidates:
             usage = snapshot.usage.get((gpu.node, gpu.index), Usage())
-            if usage.share + request.gpus <= 1 + EPSILON:
+            if usage.share + request.gpus <= 1 + EPSILON and _memory_left(gpu, usage, request):
                 return Placement(request, gpu.node, (gpu.index,), request.gpus)
         return None
     wanted = int(request.gpus)

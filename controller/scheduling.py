@@ -33,6 +33,7 @@ def snapshot(reader: store.Store) -> placement.Snapshot:
             usage = shot.usage.setdefault((active.spec.node, index), placement.Usage())
             usage.share += active.spec.gpu_share
             usage.jobs += 1
+            usage.memory += active.spec.gpu_memory or 0
     return shot
 
 
@@ -49,20 +50,33 @@ def request_of(j: job.Job) -> placement.Request:
     )
 
 
-def waiting(j: job.Job, now: datetime) -> bool:
-    """Whether a pending Job must not be placed yet: suspended, deleting, in back-off."""
+def waiting(j: job.Job, now: datetime, succeeded: set[tuple[str, str]]) -> bool:
+    """Whether a pending Job must not be placed yet: suspended, deleting, in back-off, or a
+    dependency has not succeeded (checked here, not trusted from a status field)."""
     return bool(
         j.spec.suspend
         or j.metadata.deletion_timestamp is not None
         or (j.status.retry_after is not None and j.status.retry_after > now)
-        or j.status.reason == job.REASON_WAITING_DEPENDENCIES
+        or any((j.namespace, d) not in succeeded for d in j.spec.depends_on)
     )
+
+
+def _succeeded_dependencies(reader: store.Store, pending: list[job.Job]) -> set[tuple[str, str]]:
+    wanted = {(j.namespace, d) for j in pending for d in j.spec.depends_on}
+    found = set()
+    for namespace, name in wanted:
+        other = reader.find(job.Job, name, namespace)
+        if other is not None and other.status.phase == "Succeeded":
+            found.add((namespace, name))
+    return found
 
 
 def schedule(writer: store.Store, now: datetime) -> datetime | None:
     """Bind every pending Job that fits; returns when the next back-off ends, if any."""
+    writer.lock_scheduling()
     pending = [j for j in writer.pending_jobs() if j.metadata.uid]
-    eligible = [j for j in pending if not waiting(j, now)]
+    succeeded = _succeeded_dependencies(writer, pending)
+    eligible = [j for j in pending if not waiting(j, now, succeeded)]
     if not eligible:
         return _next_retry(pending, now)
     shot = snapshot(writer)
@@ -93,6 +107,7 @@ def _bind(writer: store.Store, j: job.Job, decision: placement.Placement, now: d
                 node=decision.node,
                 gpus=list(decision.gpus),
                 gpu_share=decision.share,
+                gpu_memory=j.spec.resources.gpu_memory_bytes(),
             ),
         )
     )
@@ -105,6 +120,9 @@ def _bind(writer: store.Store, j: job.Job, decision: placement.Placement, now: d
     status.node = decision.node
     status.gpus = list(decision.gpus)
     status.retry_after = None
+    # activeDeadlineSeconds counts from the first bind (time in the queue does not count) and
+    # is never reset by a retry.
+    status.start_time = status.start_time or now
     status.reason = None
     status.message = None
     gpus = ",".join(str(g) for g in decision.gpus) or "none"

@@ -25,6 +25,8 @@ from nodeagent import runtime
 
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
+# Exited attempts need nothing more; Lost ones may still run here and must be stopped.
+_SYNCED_PHASES = frozenset({"Pending", "Running", "Lost"})
 
 
 def default_state_dir(node_name: str) -> Path:
@@ -119,16 +121,15 @@ class Agent:
     def sync(self) -> None:
         """One level-based pass over this node's Bindings and the attempts on disk."""
         with self.db.read() as session:
-            bindings = [
-                b
-                for b in store.Store(session).list_objects(binding.Binding)
-                if b.spec.node == self.name
-            ]
+            bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
         for bound in bindings:
             try:
                 self._sync_one(bound)
             except errors.Conflict:
                 self.wake.set()  # someone wrote it meanwhile: look again
+            except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
+                log.warning("%s: %s", bound.name, exc)
+                self.wake.set()
         bound_uids = {b.metadata.uid for b in bindings}
         for uid in self.runtime.known():
             if uid not in bound_uids:
@@ -272,6 +273,7 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         """Heartbeat and sync until `stop` is set; wakes on writes to Bindings and on exits."""
+        self._settle_lost()
         self.heartbeat()
         with self.db.read() as session:
             since = store.Store(session).current_revision()
@@ -288,20 +290,47 @@ class Agent:
         next_beat = 0.0
         while not stop.is_set():
             self.wake.clear()
-            self.sync()
-            now = _monotonic()
-            if now >= next_beat:
-                self.heartbeat()
-                next_beat = now + self.heartbeat_seconds
+            try:
+                self.sync()
+                now = _monotonic()
+                if now >= next_beat:
+                    self.heartbeat()
+                    next_beat = now + self.heartbeat_seconds
+            except Exception:  # the loop never dies: log, and try again shortly
+                log.exception("agent pass failed; retrying")
+                stop.wait(1.0)
+                continue
             self.wake.wait(max(0.0, next_beat - _monotonic()))
         for thread in watchers:
             thread.join(timeout=5)
 
+    def _settle_lost(self) -> None:
+        """Before offering its GPUs again, stop what still runs of attempts declared lost while
+        this agent was away, and wait for them to end, so no GPU is used twice."""
+        self.sync()
+        with self.db.read() as session:
+            lost = store.Store(session).active_bindings(self.name, frozenset({"Lost"}))
+        deadline = _monotonic() + self.grace_seconds + 5
+        for attempt in lost:
+            uid = attempt.metadata.uid or ""
+            while self.runtime.state(uid).phase == "running" and _monotonic() < deadline:
+                self.wake.wait(0.1)
+
     def _follow_feed(self, since: int, stop: threading.Event) -> None:
-        with feed.Watch(self.db, since=since, kinds=[binding.Binding.KIND], stop=stop) as changes:
-            for batch in changes:
-                if any(c.object["spec"].get("node") == self.name for c in batch):
-                    self.wake.set()
+        """Wake the loop on writes to this node's Bindings; reconnect if the database goes."""
+        while not stop.is_set():
+            try:
+                with feed.Watch(
+                    self.db, since=since, kinds=[binding.Binding.KIND], stop=stop
+                ) as changes:
+                    for batch in changes:
+                        since = batch[-1].revision
+                        if any(c.object["spec"].get("node") == self.name for c in batch):
+                            self.wake.set()
+            except Exception as exc:  # a level-based pass catches up on whatever was missed
+                log.warning("change feed interrupted (%s); reconnecting", exc)
+                self.wake.set()
+                stop.wait(2.0)
 
     def _follow_attempts(self, stop: threading.Event) -> None:
         import watchfiles

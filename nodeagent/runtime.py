@@ -85,8 +85,16 @@ class Runtime:
             )
         if _supervisor_alive(directory):
             return State("running", pid)
-        if pid_record is None:
+        if pid_record is None and not (directory / supervisor.LAUNCHED).exists():
             return State("absent")  # the agent died between writing the spec and launching
+        if pid_record is None:  # launched, but died before starting the job: do not relaunch
+            return State(
+                "exited",
+                exit_code=127,
+                reason="StartError",
+                message=_tail(directory / "supervisor.err")
+                or "the supervisor died before starting the job",
+            )
         return State("lost", pid, message="the supervisor died without recording the exit")
 
     def launch(self, launch: Launch) -> State:
@@ -113,7 +121,7 @@ class Runtime:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return self.state(launch.uid)  # a supervisor holds it: already launched
-            subprocess.Popen(
+            launched = subprocess.Popen(
                 [sys.executable, "-m", "nodeagent.supervisor", str(directory)],
                 pass_fds=(lock_fd,),
                 start_new_session=True,
@@ -121,6 +129,13 @@ class Runtime:
                 stdout=subprocess.DEVNULL,
                 stderr=open(directory / "supervisor.err", "ab"),  # noqa: SIM115
                 close_fds=True,
+            )
+            supervisor.write_atomically(
+                directory / supervisor.LAUNCHED,
+                {
+                    "supervisor": launched.pid,
+                    "bootId": supervisor.boot_id(),
+                },
             )
         finally:
             os.close(lock_fd)
@@ -136,7 +151,8 @@ class Runtime:
     def kill_lost(self, uid: str) -> None:
         """End what is left of an attempt whose supervisor died: its whole process group."""
         record = _read(self.attempts_dir / uid / supervisor.PID)
-        if record is not None:
+        # Only in the boot that recorded it: after a reboot the pid is someone else's.
+        if record is not None and record.get("bootId") == supervisor.boot_id():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(record["pid"]), signal.SIGKILL)
 
@@ -151,6 +167,13 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return document
+
+
+def _tail(path: Path, limit: int = 300) -> str:
+    try:
+        return path.read_text(errors="replace").strip()[-limit:]
+    except OSError:
+        return ""
 
 
 def _supervisor_alive(directory: Path) -> bool:

@@ -20,8 +20,18 @@ from pathlib import Path
 from typing import Any
 
 SPEC = "spec.json"
+LAUNCHED = "launched.json"
 PID = "pid.json"
 EXIT = "exit.json"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This boot's id: a pid recorded before a reboot names some other process after it."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
 
 
 def write_atomically(path: Path, document: dict[str, Any]) -> None:
@@ -87,7 +97,20 @@ def supervise(attempt_dir: Path) -> int:
     signal.signal(signal.SIGTERM, stopper.on_term)
     signal.signal(signal.SIGINT, stopper.on_term)
     signal.signal(signal.SIGALRM, stopper.on_alarm)
-    with open(spec["logPath"], "ab", buffering=0) as log:
+    try:
+        log = open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
+    except OSError as exc:
+        write_atomically(
+            attempt_dir / EXIT,
+            {
+                "exitCode": 127,
+                "reason": "StartError",
+                "finished": time.time(),
+                "message": f"cannot open the log {spec['logPath']}: {exc.strerror}",
+            },
+        )
+        return 0
+    with log:
         try:
             child = subprocess.Popen(
                 spec["argv"],
@@ -119,6 +142,7 @@ def supervise(attempt_dir: Path) -> int:
                 "supervisor": os.getpid(),
                 "pid": child.pid,
                 "started": time.time(),
+                "bootId": boot_id(),
             },
         )
         returncode = child.wait()

@@ -26,6 +26,7 @@ class BindingSpec(meta.Model):
     node: str
     gpus: list[int] = Field(default_factory=list)
     gpu_share: float = Field(default=1.0, ge=0, le=1)  # of each GPU; 0 for a CPU-only job
+    gpu_memory: int | None = None  # bytes of each GPU the job declared (resources.gpuMemory)
     stop_reason: str | None = None  # set by the controller: stop this attempt
 
 

@@ -23,6 +23,7 @@ T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
 
 NOTIFY_CHANNEL = "gctl_changes"
+SCHEDULING_LOCK_KEY = 0x67637463  # "gctc"
 _REVISION = tables.Base.metadata.tables[tables.RevisionRow.__tablename__]
 _CHANGES = tables.Base.metadata.tables[tables.ChangeRow.__tablename__]
 
@@ -61,6 +62,16 @@ class Store:
         self._dialect = session.get_bind().dialect.name
 
     # -- the revision --------------------------------------------------------------------------
+
+    def lock_scheduling(self) -> None:
+        """Serialize scheduling passes across controllers until this transaction ends.
+
+        Two controllers on one PostgreSQL would otherwise read the same free GPU and bind
+        different Jobs to it; SQLite's write transactions are serialized already."""
+        if self._dialect == "postgresql":
+            from sqlalchemy import func
+
+            self.session.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
 
     def current_revision(self) -> int:
         value = self.session.execute(select(_REVISION.c.revision)).scalar_one()
@@ -159,10 +170,12 @@ class Store:
         found = [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
         return sorted(found, key=lambda b: b.spec.attempt)
 
-    def active_bindings(self, node_name: str | None = None) -> list[binding.Binding]:
-        """Attempts that hold GPUs: bound and not yet exited or lost."""
+    def active_bindings(
+        self, node_name: str | None = None, phases: frozenset[str] = binding.ACTIVE_PHASES
+    ) -> list[binding.Binding]:
+        """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases."""
         table = _table(binding.Binding.KIND)
-        query = select(table).where(table.c.phase.in_(sorted(binding.ACTIVE_PHASES)))
+        query = select(table).where(table.c.phase.in_(sorted(phases)))
         if node_name is not None:
             query = query.where(table.c.node == node_name)
         rows = self.session.execute(query).all()

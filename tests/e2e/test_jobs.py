@@ -35,9 +35,15 @@ class Cluster:
         self.procs[name] = proc
         return proc
 
-    def controller(self) -> subprocess.Popen[bytes]:
+    def controller(self, node_timeout: float = 10) -> subprocess.Popen[bytes]:
         return self._start(
-            "controller", "controller", "run", "--node-timeout", "3", "--backoff", "0.2"
+            "controller",
+            "controller",
+            "run",
+            "--node-timeout",
+            str(node_timeout),
+            "--backoff",
+            "0.2",
         )
 
     def agent(self, name: str = "n1", gpus: int = 2) -> subprocess.Popen[bytes]:
@@ -114,6 +120,11 @@ def apply_job(gctl: Gctl, name: str, command: list[str] | str, **spec: Any) -> N
         "spec": {"command": command, **spec},
     }
     gctl.ok("apply", "-f", "-", stdin=json.dumps(document))
+
+
+def _ready_nodes(gctl: Gctl) -> set[str]:
+    rows = [line.split() for line in gctl.ok("get", "nodes").splitlines()[1:]]
+    return {row[0] for row in rows if row[1] == "Ready"}
 
 
 def alive(pid: int) -> bool:
@@ -252,7 +263,7 @@ def test_two_agents_share_the_work(cluster: Cluster, gctl: Gctl, tmp_path: Path)
     cluster.controller()
     cluster.agent("n1", gpus=1)
     cluster.agent("n2", gpus=1)
-    wait_for(lambda: gctl.ok("get", "nodes").count("Ready") == 2, "both nodes Ready")
+    wait_for(lambda: _ready_nodes(gctl) == {"n1", "n2"}, "both nodes Ready")
     for i in range(2):
         apply_job(gctl, f"share-{i}", f"touch {tmp_path}/started-$GCTL_NODE; sleep 1")
     for i in range(2):
@@ -263,7 +274,7 @@ def test_two_agents_share_the_work(cluster: Cluster, gctl: Gctl, tmp_path: Path)
 def test_silent_node_has_its_jobs_retried_on_another(
     cluster: Cluster, gctl: Gctl, tmp_path: Path
 ) -> None:
-    cluster.controller()
+    cluster.controller(node_timeout=3)
     cluster.agent("n1", gpus=1)
     wait_for(lambda: "n1" in gctl.ok("get", "nodes"), "n1 to register")
     apply_job(

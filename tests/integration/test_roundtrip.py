@@ -12,7 +12,9 @@ from gctl.store import db, store
 
 _names = itertools.count()
 label_text = st.from_regex(r"\A[A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?\Z")
-free_text = st.text(st.characters(exclude_characters="\x00"), max_size=30)  # NUL: refused
+free_text = st.text(  # what a UTF-8 file can hold; NUL is refused on purpose
+    st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30
+)
 dns = st.from_regex(r"\A[a-z]([a-z0-9-]{0,8}[a-z0-9])?\Z")
 
 job_specs = st.fixed_dictionaries(

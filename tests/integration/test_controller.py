@@ -1,0 +1,148 @@
+"""The controller's reconcilers against a real database, one step at a time, with a fixed clock:
+no processes, so every case is exact."""
+
+from datetime import UTC, datetime, timedelta
+
+from controller import jobs, nodes, scheduling
+from gctl.api import binding, job, meta, node
+from gctl.store import db, store
+from tests.builders import make_job
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _node(writer: store.Store, name: str, gpus: int, heartbeat: datetime = T0) -> None:
+    created = writer.create(node.Node(metadata=meta.ObjectMeta(name=name)))
+    created.status.gpus = [
+        node.GPUInfo(index=i, uuid=f"{name}-{i}", model="A100", memory_total=80 * 2**30)
+        for i in range(gpus)
+    ]
+    created.status.heartbeat_time = heartbeat
+    meta.set_condition(created.status.conditions, "Ready", "True", "AgentReady", now=heartbeat)
+    writer.update_status(created)
+
+
+def _schedule(database: db.Database, now: datetime = T0) -> None:
+    store.transact(database, lambda w: scheduling.schedule(w, now))
+
+
+def _reconcile(database: db.Database, name: str, now: datetime = T0) -> None:
+    store.transact(database, lambda w: jobs.reconcile(w, "default", name, now))
+
+
+def _get(database: db.Database, cls: type, name: str) -> object:
+    with database.read() as session:
+        return store.Store(session).get(cls, name, "default")
+
+
+def _attempt_ends(database: db.Database, name: str, exit_code: int, stop: str | None) -> None:
+    """The agent reports an exit; the controller may have asked for a stop meanwhile."""
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, name, "default")
+        attempt.spec.stop_reason = stop
+        attempt = writer.update(attempt)
+        attempt.status.phase = "Exited"
+        attempt.status.exit_code = exit_code
+        attempt.status.reason = "Completed" if exit_code == 0 else "Error"
+        writer.update_status(attempt)
+
+
+def test_a_stop_asked_after_a_clean_exit_does_not_undo_it(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("done").build())
+    _schedule(database)
+    _attempt_ends(database, "done-1", 0, stop=binding.STOP_SUSPENDED)
+    _reconcile(database, "done")
+    finished = _get(database, job.Job, "done")
+    assert isinstance(finished, job.Job)
+    assert (finished.status.phase, finished.status.attempts) == ("Succeeded", 1)
+
+
+def test_a_dependent_waits_for_its_dependency_whatever_its_status_says(
+    database: db.Database,
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        writer.create(make_job("train").build())
+        dependent = make_job("evaluate").build()
+        dependent.spec.depends_on = ["train"]
+        writer.create(dependent)
+    _schedule(database)  # no reconcile of `evaluate` has run: its status says nothing yet
+    evaluate = _get(database, job.Job, "evaluate")
+    assert isinstance(evaluate, job.Job)
+    assert evaluate.status.phase == "Pending"
+    _attempt_ends(database, "train-1", 0, stop=None)
+    _reconcile(database, "train")
+    _schedule(database)
+    evaluate = _get(database, job.Job, "evaluate")
+    assert isinstance(evaluate, job.Job)
+    assert evaluate.status.phase == "Scheduled"
+
+
+def test_a_job_whose_binding_was_deleted_is_retried(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("orphaned").build())
+    _schedule(database)
+    with database.write() as session:
+        store.Store(session).delete(binding.Binding, "orphaned-1", "default")
+    _reconcile(database, "orphaned")
+    _schedule(database)
+    again = _get(database, job.Job, "orphaned")
+    assert isinstance(again, job.Job)
+    assert (again.status.phase, again.status.attempts, again.status.failed) == ("Scheduled", 2, 0)
+
+
+def test_a_deleted_node_loses_its_attempts(database: db.Database) -> None:
+    seen: nodes.Seen = {}
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("stranded").build())
+    _schedule(database)
+    with database.write() as session:
+        store.Store(session).delete(node.Node, "n1")
+    store.transact(database, lambda w: nodes.reconcile(w, "n1", T0, timedelta(seconds=40), seen))
+    lost = _get(database, binding.Binding, "stranded-1")
+    assert isinstance(lost, binding.Binding)
+    assert lost.status.phase == "Lost"
+
+
+def test_node_timeout_runs_from_when_the_controller_saw_the_heartbeat(
+    database: db.Database,
+) -> None:
+    """A controller that starts long after the last heartbeat gives the node a full timeout,
+    and clock skew between hosts cannot make a heartbeating node look silent."""
+    timeout = timedelta(seconds=40)
+    seen: nodes.Seen = {}
+    with database.write() as session:
+        _node(store.Store(session), "n1", 1, heartbeat=T0 - timedelta(hours=1))
+
+    def check(now: datetime) -> str:
+        store.transact(database, lambda w: nodes.reconcile(w, "n1", now, timeout, seen))
+        found = _get(database, node.Node, "n1")
+        assert isinstance(found, node.Node)
+        return next(c.status for c in found.status.conditions if c.type == "Ready")
+
+    assert check(T0) == "True"  # first sight: the timeout starts now
+    assert check(T0 + timedelta(seconds=39)) == "True"
+    assert check(T0 + timedelta(seconds=41)) == "Unknown"
+
+
+def test_shared_gpus_respect_declared_memory(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        for name in ("big-a", "big-b"):
+            writer.create(make_job(name).gpus(0.5).memory("60Gi").build())
+    _schedule(database)
+    placed = [_get(database, job.Job, n) for n in ("big-a", "big-b")]
+    assert sorted(tuple(j.status.gpus or []) for j in placed if isinstance(j, job.Job)) == [
+        (0,),
+        (1,),
+    ]
