@@ -146,3 +146,25 @@ def test_shared_gpus_respect_declared_memory(database: db.Database) -> None:
         (0,),
         (1,),
     ]
+
+
+def test_a_finished_job_is_deleted_when_its_ttl_runs_out(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        short = make_job("short").build()
+        short.spec.ttl_seconds_after_finished = 60
+        writer.create(short)
+    _schedule(database)
+    _attempt_ends(database, "short-1", 0, stop=None)
+    _reconcile(database, "short")
+    due = store.transact(
+        database, lambda w: jobs.reconcile(w, "default", "short", T0 + timedelta(seconds=30))
+    )
+    assert due == T0 + timedelta(seconds=60)  # asks to run again when the TTL runs out
+    for step in (61, 62):  # mark deleting, then (no attempt running) drop Bindings and finalizer
+        _reconcile(database, "short", T0 + timedelta(seconds=step))
+    with database.read() as session:
+        reader = store.Store(session)
+        assert reader.find(job.Job, "short", "default") is None
+        assert reader.find(binding.Binding, "short-1", "default") is None
