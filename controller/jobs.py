@@ -116,7 +116,8 @@ def _account(
     # What ended the attempt is what the agent observed: a stop asked for after the process
     # had already exited on its own does not count (its status.reason says how it ended).
     stop = latest.status.reason if latest.spec.stop_reason else None
-    if latest.status.phase == "Lost" or stop == binding.STOP_NODE_LOST:
+    fenced = latest.status.reason == "Fenced"  # stopped because its agent went silent
+    if latest.status.phase == "Lost" or stop == binding.STOP_NODE_LOST or fenced:
         _requeue(
             writer,
             j,

@@ -64,6 +64,7 @@ class Agent:
         labels: dict[str, str] | None = None,
         heartbeat_seconds: float = 10.0,
         grace_seconds: float = 10.0,
+        fence_seconds: float = 30.0,
         clock: Callable[[], datetime] = meta.utcnow,
     ) -> None:
         self.db = database
@@ -75,6 +76,8 @@ class Agent:
             self.labels[FAKE_LABEL] = "true"
         self.heartbeat_seconds = heartbeat_seconds
         self.grace_seconds = grace_seconds
+        self.fence_seconds = fence_seconds
+        self.lease = state_dir / "lease"  # touched on every heartbeat; supervisors watch its age
         self.clock = clock
         self.wake = threading.Event()
 
@@ -115,6 +118,7 @@ class Agent:
             writer.update_status(current)
 
         store.transact(self.db, work)
+        self.lease.touch()  # only after the heartbeat is in the database
 
     # -- the attempts --------------------------------------------------------------------------
 
@@ -216,6 +220,8 @@ class Agent:
                 cwd=owner.spec.working_dir,
                 log_path=log_path,
                 grace_seconds=self.grace_seconds,
+                lease_path=self.lease if self.fence_seconds else None,
+                fence_seconds=self.fence_seconds,
             )
         )
         self._report(bound, state)

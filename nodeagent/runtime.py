@@ -34,6 +34,8 @@ class Launch:
     cwd: str | None
     log_path: Path
     grace_seconds: float
+    lease_path: Path | None = None
+    fence_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class Runtime:
                 "cwd": launch.cwd,
                 "logPath": str(launch.log_path),
                 "gracePeriodSeconds": launch.grace_seconds,
+                "leasePath": str(launch.lease_path) if launch.lease_path else None,
+                "fenceSeconds": launch.fence_seconds,
             },
         )
         lock_fd = os.open(directory / LOCK, os.O_CREAT | os.O_RDWR, 0o600)

@@ -15,14 +15,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 SPEC = "spec.json"
 LAUNCHED = "launched.json"
 PID = "pid.json"
 EXIT = "exit.json"
+FENCED = "Fenced"  # the reason of an attempt stopped because its agent went silent
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -91,9 +93,33 @@ class _Stopper:
         signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.001))
 
 
+def _fence(lease: Path, fence_seconds: float, log: BinaryIO, fenced: threading.Event) -> None:
+    """Stop the job once the agent has not renewed its lease for fence_seconds.
+
+    The controller retries the Jobs of a node that stopped heartbeating elsewhere; the agent's
+    timeout for that (--fence-after) is shorter than the controller's (--node-timeout), so a
+    job on a node whose agent is gone ends before it can run a second time elsewhere."""
+    while True:
+        try:
+            silent = time.time() - lease.stat().st_mtime
+        except OSError:
+            silent = fence_seconds + 1  # no lease at all: the agent is gone
+        if silent > fence_seconds:
+            message = (
+                f"gctl: the node agent has been silent for {int(silent)}s; stopping "
+                "this job so that it cannot run twice\n"
+            )
+            log.write(message.encode())
+            fenced.set()
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        time.sleep(min(5.0, max(0.2, fence_seconds - silent)))
+
+
 def supervise(attempt_dir: Path) -> int:
     spec = json.loads((attempt_dir / SPEC).read_text(encoding="utf-8"))
     stopper = _Stopper(float(spec.get("gracePeriodSeconds", 30)))
+    fenced = threading.Event()
     signal.signal(signal.SIGTERM, stopper.on_term)
     signal.signal(signal.SIGINT, stopper.on_term)
     signal.signal(signal.SIGALRM, stopper.on_alarm)
@@ -145,6 +171,12 @@ def supervise(attempt_dir: Path) -> int:
                 "bootId": boot_id(),
             },
         )
+        if spec.get("leasePath") and spec.get("fenceSeconds"):
+            threading.Thread(
+                target=_fence,
+                args=(Path(spec["leasePath"]), float(spec["fenceSeconds"]), log, fenced),
+                daemon=True,
+            ).start()
         returncode = child.wait()
         # Processes the job left behind in its group are part of the job: end them too.
         _kill_group(child.pid, signal.SIGKILL)
@@ -155,6 +187,7 @@ def supervise(attempt_dir: Path) -> int:
             "exitCode": code,
             "signal": signal_name,
             "stopped": stopper.requested,
+            "reason": FENCED if fenced.is_set() else None,
             "finished": time.time(),
         },
     )

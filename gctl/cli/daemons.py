@@ -27,6 +27,7 @@ class AgentOptions:
     labels: list[str]
     heartbeat_seconds: float
     grace_seconds: float
+    fence_seconds: float = 30.0
 
 
 def _logging() -> None:
@@ -81,6 +82,7 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
         labels=_labels(options.labels),
         heartbeat_seconds=options.heartbeat_seconds,
         grace_seconds=options.grace_seconds,
+        fence_seconds=options.fence_seconds,
     )
     logging.getLogger("gctl.agent").info("node %s: %s; state in %s", node_name, how, state_dir)
     return the_agent.run

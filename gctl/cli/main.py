@@ -400,6 +400,17 @@ NodeTimeoutOpt = Annotated[
 ]
 
 
+FenceOpt = Annotated[
+    float,
+    typer.Option(
+        "--fence-after",
+        help="Stop this node's jobs when the agent has been silent this long (seconds; keep it "
+        "below the controller's --node-timeout; 0: never).",
+        min=0,
+    ),
+]
+
+
 def _agent_options(
     node_name: str | None,
     fake_gpus: int | None,
@@ -409,6 +420,7 @@ def _agent_options(
     labels: list[str] | None,
     heartbeat: float,
     grace: float,
+    fence: float,
 ) -> "daemons.AgentOptions":
     from pathlib import Path
 
@@ -423,6 +435,7 @@ def _agent_options(
         labels=labels or [],
         heartbeat_seconds=heartbeat,
         grace_seconds=grace,
+        fence_seconds=fence,
     )
 
 
@@ -436,6 +449,7 @@ def up(
     label: LabelOpt = None,
     heartbeat: HeartbeatOpt = 10.0,
     grace_period: GraceOpt = 10.0,
+    fence_after: FenceOpt = 30.0,
     node_timeout: NodeTimeoutOpt = 40.0,
     backoff: BackoffOpt = 10.0,
     db: DbOpt = None,
@@ -444,7 +458,15 @@ def up(
     from gctl.cli import daemons
 
     options = _agent_options(
-        node_name, fake_gpus, gpu_model, gpu_memory, state_dir, label, heartbeat, grace_period
+        node_name,
+        fake_gpus,
+        gpu_model,
+        gpu_memory,
+        state_dir,
+        label,
+        heartbeat,
+        grace_period,
+        fence_after,
     )
     daemons.up(db, options, node_timeout, backoff)
 
@@ -469,13 +491,22 @@ def agent_run(
     label: LabelOpt = None,
     heartbeat: HeartbeatOpt = 10.0,
     grace_period: GraceOpt = 10.0,
+    fence_after: FenceOpt = 30.0,
     db: DbOpt = None,
 ) -> None:
     """Run a node agent for this host in the foreground."""
     from gctl.cli import daemons
 
     options = _agent_options(
-        node_name, fake_gpus, gpu_model, gpu_memory, state_dir, label, heartbeat, grace_period
+        node_name,
+        fake_gpus,
+        gpu_model,
+        gpu_memory,
+        state_dir,
+        label,
+        heartbeat,
+        grace_period,
+        fence_after,
     )
     daemons.agent(db, options)
 

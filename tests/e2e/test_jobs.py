@@ -46,7 +46,7 @@ class Cluster:
             "0.2",
         )
 
-    def agent(self, name: str = "n1", gpus: int = 2) -> subprocess.Popen[bytes]:
+    def agent(self, name: str = "n1", gpus: int = 2, fence: float = 8) -> subprocess.Popen[bytes]:
         return self._start(
             name,
             "agent",
@@ -61,6 +61,8 @@ class Cluster:
             "0.5",
             "--grace-period",
             "1",
+            "--fence-after",
+            str(fence),
         )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -275,13 +277,17 @@ def test_silent_node_has_its_jobs_retried_on_another(
     cluster: Cluster, gctl: Gctl, tmp_path: Path
 ) -> None:
     cluster.controller(node_timeout=3)
-    cluster.agent("n1", gpus=1)
+    cluster.agent("n1", gpus=1, fence=2)
     wait_for(lambda: "n1" in gctl.ok("get", "nodes"), "n1 to register")
-    apply_job(
-        gctl, "moved", f"echo $GCTL_NODE >> {tmp_path}/nodes; sleep 2", placement={"gpus": [0]}
-    )
+    # On n1 it would run for 5 minutes: only fencing can end it in time.
+    command = f"echo $GCTL_NODE >> {tmp_path}/nodes; test $GCTL_NODE = n2 || sleep 300"
+    apply_job(gctl, "moved", command, placement={"gpus": [0]})
     wait_for(phase_is(gctl, "moved", "Running"), "moved to run on n1")
-    cluster.kill("n1")  # n1 stops heartbeating; its job process keeps running for now
+    first = json.loads(gctl.ok("get", "binding", "moved-1", "-o", "json"))["status"]["pid"]
+    cluster.kill("n1")  # n1 stops heartbeating; its supervisor fences the job after 2 s
+    wait_for(lambda: not alive(first), "the silent node's job to be fenced", timeout=15)
+    fenced_log = tmp_path / "state-n1" / "logs" / "default" / "moved" / "attempt-1.log"
+    assert "the node agent has been silent" in fenced_log.read_text()
     cluster.agent("n2", gpus=1)
     done = wait_for(phase_is(gctl, "moved", "Succeeded"), "moved to finish on n2", timeout=40)
     assert done["status"]["node"] == "n2"
