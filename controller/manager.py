@@ -95,9 +95,9 @@ class Controller:
         if finished:  # dependents of a finished Job may now run or fail
             with self.db.read() as session:
                 keys |= {
-                    ("Job", j.namespace, j.name)
-                    for j in store.Store(session).pending_jobs()
-                    if j.spec.depends_on
+                    ("Job", w["metadata"]["namespace"], w["metadata"]["name"])
+                    for w in store.Store(session).pending_wires()
+                    if w["spec"].get("dependsOn")
                 }
         return keys
 

@@ -6,9 +6,10 @@ the Job to Scheduled with the CAS of the Job it read: a Job is never bound twice
 """
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from controller import placement
-from gctl.api import binding, job, meta, node
+from gctl.api import binding, job, meta, node, quantity
 from gctl.store import store
 
 SOURCE = "controller/scheduler"
@@ -37,32 +38,51 @@ def snapshot(reader: store.Store) -> placement.Snapshot:
     return shot
 
 
-def request_of(j: job.Job) -> placement.Request:
-    pinned = j.spec.placement
+Wire = dict[str, Any]
+
+
+def _key(w: Wire) -> tuple[str, str]:
+    return w["metadata"].get("namespace", ""), w["metadata"]["name"]
+
+
+def request_of(w: Wire) -> placement.Request:
+    """What placement needs of a pending Job, read from its stored form: a pass looks at every
+    pending Job, so it does not pay for validating them (it validates those it writes)."""
+    spec = w["spec"]
+    resources = spec.get("resources", {})
+    pinned = spec.get("placement") or {}
+    memory = resources.get("gpuMemory")
     return placement.Request(
-        namespace=j.namespace,
-        name=j.name,
-        gpus=j.spec.resources.gpus,
-        gpu_model=j.spec.resources.gpu_model,
-        gpu_memory=j.spec.resources.gpu_memory_bytes(),
-        node=pinned.node if pinned else None,
-        pinned=tuple(pinned.gpus) if pinned and pinned.gpus is not None else None,
+        namespace=_key(w)[0],
+        name=_key(w)[1],
+        gpus=float(resources.get("gpus", 1)),
+        gpu_model=resources.get("gpuModel"),
+        gpu_memory=None if memory is None else quantity.parse_bytes(memory),
+        node=pinned.get("node"),
+        pinned=tuple(pinned["gpus"]) if pinned.get("gpus") is not None else None,
     )
 
 
-def waiting(j: job.Job, now: datetime, succeeded: set[tuple[str, str]]) -> bool:
+def _retry_after(w: Wire) -> datetime | None:
+    value = w["status"].get("retryAfter")
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def waiting(w: Wire, now: datetime, succeeded: set[tuple[str, str]]) -> bool:
     """Whether a pending Job must not be placed yet: suspended, deleting, in back-off, or a
     dependency has not succeeded (checked here, not trusted from a status field)."""
+    retry_after = _retry_after(w)
+    namespace = _key(w)[0]
     return bool(
-        j.spec.suspend
-        or j.metadata.deletion_timestamp is not None
-        or (j.status.retry_after is not None and j.status.retry_after > now)
-        or any((j.namespace, d) not in succeeded for d in j.spec.depends_on)
+        w["spec"].get("suspend")
+        or w["metadata"].get("deletionTimestamp")
+        or (retry_after is not None and retry_after > now)
+        or any((namespace, d) not in succeeded for d in w["spec"].get("dependsOn", []))
     )
 
 
-def _succeeded_dependencies(reader: store.Store, pending: list[job.Job]) -> set[tuple[str, str]]:
-    wanted = {(j.namespace, d) for j in pending for d in j.spec.depends_on}
+def _succeeded_dependencies(reader: store.Store, pending: list[Wire]) -> set[tuple[str, str]]:
+    wanted = {(_key(w)[0], d) for w in pending for d in w["spec"].get("dependsOn", [])}
     found = set()
     for namespace, name in wanted:
         other = reader.find(job.Job, name, namespace)
@@ -74,20 +94,21 @@ def _succeeded_dependencies(reader: store.Store, pending: list[job.Job]) -> set[
 def schedule(writer: store.Store, now: datetime) -> datetime | None:
     """Bind every pending Job that fits; returns when the next back-off ends, if any."""
     writer.lock_scheduling()
-    pending = [j for j in writer.pending_jobs() if j.metadata.uid]
+    pending = writer.pending_wires()
     succeeded = _succeeded_dependencies(writer, pending)
-    eligible = [j for j in pending if not waiting(j, now, succeeded)]
+    eligible = [w for w in pending if not waiting(w, now, succeeded)]
     if not eligible:
         return _next_retry(pending, now)
     shot = snapshot(writer)
-    by_key = {(j.namespace, j.name): j for j in eligible}
-    placed = placement.place(shot, [request_of(j) for j in eligible])
+    by_key = {_key(w): w for w in eligible}
+    placed = placement.place(shot, [request_of(w) for w in eligible])
     for decision in placed:
-        _bind(writer, by_key[(decision.request.namespace, decision.request.name)], decision, now)
+        chosen = by_key[(decision.request.namespace, decision.request.name)]
+        _bind(writer, job.Job.model_validate(chosen), decision, now)
     bound = {(d.request.namespace, d.request.name) for d in placed}
-    for j in eligible:
-        if (j.namespace, j.name) not in bound:
-            _mark_unschedulable(writer, j, now)
+    for w in eligible:
+        if _key(w) not in bound:
+            _mark_unschedulable(writer, w, now)
     return _next_retry(pending, now)
 
 
@@ -140,9 +161,19 @@ def _bind(writer: store.Store, j: job.Job, decision: placement.Placement, now: d
     writer.record_event(j, "Scheduled", message, source=SOURCE)
 
 
-def _mark_unschedulable(writer: store.Store, j: job.Job, now: datetime) -> None:
-    gpus = j.spec.resources.gpus
+def _mark_unschedulable(writer: store.Store, w: Wire, now: datetime) -> None:
+    gpus = float(w["spec"].get("resources", {}).get("gpus", 1))
     message = f"no Ready node has {gpus:g} free GPU(s) that fit this Job"
+    said = next(
+        (c for c in w["status"].get("conditions", []) if c["type"] == job.CONDITION_SCHEDULED), None
+    )
+    if said is not None and (said["status"], said.get("reason"), said.get("message")) == (
+        "False",
+        job.REASON_UNSCHEDULABLE,
+        message,
+    ):
+        return  # already says so: no validation, no write
+    j = job.Job.model_validate(w)
     if meta.set_condition(
         j.status.conditions,
         job.CONDITION_SCHEDULED,
@@ -155,10 +186,6 @@ def _mark_unschedulable(writer: store.Store, j: job.Job, now: datetime) -> None:
         writer.update_status(j)
 
 
-def _next_retry(pending: list[job.Job], now: datetime) -> datetime | None:
-    times = [
-        j.status.retry_after
-        for j in pending
-        if j.status.retry_after is not None and j.status.retry_after > now
-    ]
+def _next_retry(pending: list[Wire], now: datetime) -> datetime | None:
+    times = [t for t in map(_retry_after, pending) if t is not None and t > now]
     return min(times) + timedelta(milliseconds=1) if times else None

@@ -6,7 +6,8 @@ with the real exit code; so a job keeps running while the agent is down, and a r
 still learns how it ended. SIGTERM to the supervisor stops the job: SIGTERM to the whole group,
 then SIGKILL after the grace period, even if the agent died meanwhile.
 
-Run as `python -m nodeagent.supervisor ATTEMPT_DIR`; ATTEMPT_DIR holds `spec.json`.
+Run as `python -I -S supervisor.py ATTEMPT_DIR` (ATTEMPT_DIR holds `spec.json`): it must
+import nothing but the standard library.
 """
 
 import contextlib

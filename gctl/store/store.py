@@ -153,15 +153,18 @@ class Store:
             raise errors.NotFound(namespaced_not_found(cls, name, namespace))
         return found
 
-    def pending_jobs(self) -> list[job.Job]:
-        """Jobs waiting for a place: higher priority first, then older first."""
+    def pending_wires(self) -> list[dict[str, Any]]:
+        """Jobs waiting for a place, unvalidated: higher priority first, then older first."""
         table = _table(job.Job.KIND)
         rows = self.session.execute(
             select(table)
             .where(table.c.phase == "Pending")
             .order_by(table.c.priority.desc(), table.c.created_at, table.c.name)
         ).all()
-        return [job.Job.model_validate(row_to_wire(job.Job, r)) for r in rows]
+        return [row_to_wire(job.Job, r) for r in rows]
+
+    def pending_jobs(self) -> list[job.Job]:
+        return [job.Job.model_validate(w) for w in self.pending_wires()]
 
     def bindings_of(self, job_uid: str) -> list[binding.Binding]:
         """Every attempt of one Job, oldest first."""
