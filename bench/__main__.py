@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.store import BENCHMARKS, BenchError, Context, Result, progress
+from bench import jobs
+from bench import store as store_benchmarks
+from bench.store import BenchError, Context, Result, progress
+
+BENCHMARKS = {**store_benchmarks.BENCHMARKS, **jobs.BENCHMARKS}  # the suite's order
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
@@ -31,7 +35,7 @@ POSTGRES_SCHEMES = ("postgresql", "postgres")
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Benchmark gctl's object store and CLI against a scratch database.",
+        description="Benchmark gctl's object store, CLI and running jobs on a scratch database.",
     )
     parser.add_argument(
         "names",
