@@ -117,7 +117,7 @@ def _account(
     # had already exited on its own does not count (its status.reason says how it ended).
     stop = latest.status.reason if latest.spec.stop_reason else None
     fenced = latest.status.reason == "Fenced"  # stopped because its agent went silent
-    if latest.status.phase == "Lost" or stop == binding.STOP_NODE_LOST or fenced:
+    if latest.status.phase == "Lost" or fenced:
         _requeue(
             writer,
             j,

@@ -14,7 +14,6 @@ ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Running"})
 STOP_DELETED = "Deleted"
 STOP_DEADLINE = "DeadlineExceeded"
 STOP_SUSPENDED = "Suspended"
-STOP_NODE_LOST = "NodeLost"
 
 
 class BindingSpec(meta.Model):

@@ -163,9 +163,6 @@ class Store:
         ).all()
         return [row_to_wire(job.Job, r) for r in rows]
 
-    def pending_jobs(self) -> list[job.Job]:
-        return [job.Job.model_validate(w) for w in self.pending_wires()]
-
     def bindings_of(self, job_uid: str) -> list[binding.Binding]:
         """Every attempt of one Job, oldest first."""
         table = _table(binding.Binding.KIND)
