@@ -7,6 +7,7 @@ sleep is never missed, because the wake-up was armed before the read. Idle, it u
 """
 
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -21,6 +22,11 @@ RESYNC_SECONDS = 60.0
 # 10 ms: about 20 ms of latency, 100 cheap wake-ups a second while idle (a 1 ms step cost a
 # visible share of a core).
 WATCH_STEP_MS = 10
+# SQLite writes a commit's WAL frames (the write that wakes a watcher), syncs them, and only
+# then publishes the commit in its shared-memory index, which raises no file event. A watcher
+# woken by the write may read before the commit is visible and then hear nothing more; so after
+# a wake that found nothing it looks again at these delays (seconds) before it blocks.
+SQLITE_SETTLE = (0.02, 0.05, 0.1, 0.25, 0.5)
 
 
 class Waker(Protocol):
@@ -104,6 +110,8 @@ class Watch(AbstractContextManager["Watch"]):
         self._stop = stop
         with db.translate_errors(database.url):
             self._waker = waker(database, stop)
+        # PostgreSQL notifies at commit, when the change is visible: nothing to settle.
+        self._settle = SQLITE_SETTLE if database.sqlite_path is not None else ()
 
     def __exit__(
         self,
@@ -129,9 +137,18 @@ class Watch(AbstractContextManager["Watch"]):
         return changes
 
     def __iter__(self) -> Iterator[list[store.Change]]:
+        retries: Iterator[float] = iter(())
         while self._stop is None or not self._stop.is_set():
             changes = self.poll()
             if changes:
                 yield changes
-            else:
-                self._waker.wait(RESYNC_SECONDS)
+                continue
+            delay = next(retries, None)
+            if delay is not None:
+                if self._stop is not None:
+                    self._stop.wait(delay)
+                else:
+                    time.sleep(delay)
+                continue
+            self._waker.wait(RESYNC_SECONDS)
+            retries = iter(self._settle)
