@@ -14,7 +14,7 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import gctl
@@ -238,6 +238,9 @@ class Agent:
         status.log_path = str(
             self.runtime.log_path(bound.namespace, bound.spec.job_name, bound.spec.attempt)
         )
+        started = None if state.started is None else datetime.fromtimestamp(state.started, UTC)
+        # An attempt that ended before a pass saw it running still started: say when.
+        status.start_time = status.start_time or started
         if state.phase == "running":
             status.phase = "Running"
             status.pid = state.pid or status.pid

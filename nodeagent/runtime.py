@@ -47,6 +47,7 @@ class State:
 
     phase: str
     pid: int | None = None
+    started: float | None = None  # when the supervisor started the job (epoch seconds)
     exit_code: int | None = None
     signal: str | None = None
     stopped: bool = False
@@ -75,18 +76,20 @@ class Runtime:
         exit_record = _read(directory / supervisor.EXIT)
         pid_record = _read(directory / supervisor.PID)
         pid = int(pid_record["pid"]) if pid_record else None
+        started = float(pid_record["started"]) if pid_record else None
         if exit_record is not None:
             return State(
                 "exited",
-                pid,
-                exit_record.get("exitCode"),
-                exit_record.get("signal"),
-                bool(exit_record.get("stopped")),
-                exit_record.get("reason"),
-                exit_record.get("message"),
+                pid=pid,
+                started=started,
+                exit_code=exit_record.get("exitCode"),
+                signal=exit_record.get("signal"),
+                stopped=bool(exit_record.get("stopped")),
+                reason=exit_record.get("reason"),
+                message=exit_record.get("message"),
             )
         if _supervisor_alive(directory):
-            return State("running", pid)
+            return State("running", pid=pid, started=started)
         if pid_record is None and not (directory / supervisor.LAUNCHED).exists():
             return State("absent")  # the agent died between writing the spec and launching
         if pid_record is None:  # launched, but died before starting the job: do not relaunch
@@ -97,7 +100,12 @@ class Runtime:
                 message=_tail(directory / "supervisor.err")
                 or "the supervisor died before starting the job",
             )
-        return State("lost", pid, message="the supervisor died without recording the exit")
+        return State(
+            "lost",
+            pid=pid,
+            started=started,
+            message="the supervisor died without recording the exit",
+        )
 
     def launch(self, launch: Launch) -> State:
         """Start an attempt, or report the one already there: never two supervisors."""

@@ -165,6 +165,8 @@ def test_exit_code_and_retries(cluster: Cluster, gctl: Gctl, tmp_path: Path) -> 
     failed = wait_for(phase_is(gctl, "fails", "Failed"), "fails to fail")
     assert failed["status"]["exitCode"] == 3
     assert failed["status"]["reason"] == "BackoffLimitExceeded"
+    attempt = json.loads(gctl.ok("get", "binding", "fails-1", "-o", "json"))["status"]
+    assert attempt["startTime"] <= attempt["finishTime"]  # even an instant job has a start
     marker = tmp_path / "tried"
     apply_job(gctl, "flaky", f"test -e {marker} || {{ touch {marker}; exit 4; }}", backoffLimit=2)
     ok = wait_for(phase_is(gctl, "flaky", "Succeeded"), "flaky to succeed on its retry")
