@@ -246,8 +246,9 @@ def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
 
 def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
     """A Pending Job: say why it waits (suspended, dependencies), or fail a broken chain."""
-    changed = (
-        meta.set_condition(
+    changed = False
+    if j.spec.suspend or any(c.type == job.CONDITION_SUSPENDED for c in j.status.conditions):
+        changed = meta.set_condition(
             j.status.conditions,
             job.CONDITION_SUSPENDED,
             "True" if j.spec.suspend else "False",
@@ -255,30 +256,22 @@ def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime |
             generation=j.metadata.generation,
             now=now,
         )
-        if j.spec.suspend or any(c.type == job.CONDITION_SUSPENDED for c in j.status.conditions)
-        else False
-    )
     waiting_on = []
     for dependency in j.spec.depends_on:
         other = writer.find(job.Job, dependency, j.namespace)
         if other is not None and other.status.phase == "Failed":
-            _finish(
-                writer,
-                j,
-                "Failed",
-                job.REASON_DEPENDENCY_FAILED,
-                f"dependency {dependency} failed",
-                now=now,
-            )
+            why = f"dependency {dependency} failed"
+            _finish(writer, j, "Failed", job.REASON_DEPENDENCY_FAILED, why, now=now)
             return None
         if other is None or other.status.phase != "Succeeded":
             waiting_on.append(dependency)
-    reason = job.REASON_WAITING_DEPENDENCIES if waiting_on else None
-    message = f"waiting for {', '.join(waiting_on)} to succeed" if waiting_on else None
-    if (j.status.reason in (job.REASON_WAITING_DEPENDENCIES, None) or waiting_on) and (
-        j.status.reason,
-        j.status.message,
-    ) != (reason, message):
+    reason, message = j.status.reason, j.status.message
+    if waiting_on:
+        reason = job.REASON_WAITING_DEPENDENCIES
+        message = f"waiting for {', '.join(waiting_on)} to succeed"
+    elif reason == job.REASON_WAITING_DEPENDENCIES:  # the wait is over: clear it
+        reason, message = None, None
+    if (reason, message) != (j.status.reason, j.status.message):
         j.status.reason, j.status.message = reason, message
         changed = True
     if changed:
