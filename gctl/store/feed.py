@@ -7,7 +7,6 @@ sleep is never missed, because the wake-up was armed before the read. Idle, it u
 """
 
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -143,12 +142,9 @@ class Watch(AbstractContextManager["Watch"]):
             if changes:
                 yield changes
                 continue
+            # After a wake that found nothing, wait again only as long as the next settle
+            # delay: a new write still wakes the watcher at once, as it always does.
             delay = next(retries, None)
-            if delay is not None:
-                if self._stop is not None:
-                    self._stop.wait(delay)
-                else:
-                    time.sleep(delay)
-                continue
-            self._waker.wait(RESYNC_SECONDS)
-            retries = iter(self._settle)
+            self._waker.wait(RESYNC_SECONDS if delay is None else delay)
+            if delay is None:
+                retries = iter(self._settle)
