@@ -1,10 +1,11 @@
 """The controller's loop: wake on the change feed or a due timer, reconcile what changed.
 
 A change to a Job or to one of its Bindings reconciles that Job; a change to a Node reconciles
-the Node; a change that can free or need GPUs runs a scheduling pass (a heartbeat alone does
-not). Reconcilers return when they want to run again (deadlines, back-offs, heartbeat
-timeouts); the loop keeps those in a heap. Each reconcile is its own transaction, retried from
-a fresh read on a conflict; an error in one is logged and retried, and never stops the loop.
+the Node; a change that can free or need GPUs runs a scheduling pass (a heartbeat, a Job that
+started, an attempt reported Running do not). Reconcilers return when they want to run again
+(deadlines, back-offs, heartbeat timeouts); the loop keeps those in a heap. Each reconcile is
+its own transaction, retried from a fresh read on a conflict; an error in one is logged and
+retried, and never stops the loop.
 """
 
 import functools
@@ -18,13 +19,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller import jobs, nodes, scheduling
-from gctl.api import job, meta, node
+from gctl.api import binding, job, meta, node
 from gctl.store import db, feed, store
 
 log = logging.getLogger("gctl.controller")
 SCHEDULE = ("schedule", "", "")
 RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
+# Jobs reconciled in one transaction; small enough that agents are never held up for long.
+BATCH = 32
 
 
 def _node_shape(wire: dict[str, Any]) -> tuple[Any, ...]:
@@ -51,54 +54,95 @@ class Controller:
         self._timers: list[tuple[datetime, Key]] = []
         self._seen: nodes.Seen = {}
         self._node_shapes: dict[str, tuple[Any, ...]] = {}
+        # (namespace, name) of a Job -> the pending Jobs that depend on it
+        self._dependents: dict[tuple[str, str], set[Key]] = {}
+
+    def _step(self, writer: store.Store, key: Key, now: datetime) -> datetime | None:
+        kind, namespace, name = key
+        if kind == "Job":
+            return jobs.reconcile(writer, namespace, name, now, self.backoff_base)
+        if kind == "Node":
+            return nodes.reconcile(writer, name, now, self.node_timeout, self._seen)
+        return scheduling.schedule(writer, now)
 
     def reconcile(self, key: Key) -> None:
-        kind, namespace, name = key
         now = self.clock()
-
-        def work(writer: store.Store) -> datetime | None:
-            if kind == "Job":
-                return jobs.reconcile(writer, namespace, name, now, self.backoff_base)
-            if kind == "Node":
-                return nodes.reconcile(writer, name, now, self.node_timeout, self._seen)
-            return scheduling.schedule(writer, now)
-
-        due = store.transact(self.db, work)
+        due = store.transact(self.db, lambda writer: self._step(writer, key, now))
         if due is not None:
             heapq.heappush(self._timers, (due, key))
+
+    def reconcile_together(self, keys: list[Key]) -> bool:
+        """Reconcile several Jobs in one transaction: one commit for the eight attempts that
+        ended together, not eight. False (nothing written) if any of them failed; the caller
+        then reconciles them one by one, so one bad object cannot hold the others back."""
+        now = self.clock()
+
+        def work(writer: store.Store) -> list[tuple[datetime, Key]]:
+            return [(due, k) for k in keys if (due := self._step(writer, k, now)) is not None]
+
+        try:
+            timers = store.transact(self.db, work, attempts=1)
+        except Exception:
+            return False
+        for timer in timers:
+            heapq.heappush(self._timers, timer)
+        return True
 
     def resync(self) -> set[Key]:
         """Every object, as on start: level-based, so nothing that happened while down is lost."""
         with self.db.read() as session:
             reader = store.Store(session)
-            keys: set[Key] = {("Job", j.namespace, j.name) for j in reader.list_objects(job.Job)}
-            keys |= {("Node", "", n.name) for n in reader.list_objects(node.Node)}
+            jobs_now = reader.list_wire(job.Job)
+            keys: set[Key] = {("Node", "", n.name) for n in reader.list_objects(node.Node)}
+        self._dependents.clear()
+        for wire in jobs_now:
+            self._track_dependencies("MODIFIED", wire)
+            keys.add(("Job", wire["metadata"]["namespace"], wire["metadata"]["name"]))
         return keys | {SCHEDULE}
 
+    def _track_dependencies(self, change_type: str, wire: dict[str, Any]) -> None:
+        """Keep `_dependents` current: pending Jobs by the Jobs they wait for."""
+        namespace, name = wire["metadata"].get("namespace", ""), wire["metadata"]["name"]
+        key: Key = ("Job", namespace, name)
+        waits = change_type != "DELETED" and wire["status"].get("phase", "Pending") == "Pending"
+        for dependency in wire["spec"].get("dependsOn", []):
+            waiting = self._dependents.setdefault((namespace, dependency), set())
+            if waits:
+                waiting.add(key)
+            else:
+                waiting.discard(key)
+                if not waiting:
+                    del self._dependents[(namespace, dependency)]
+
     def _keys_of(self, changes: list[store.Change]) -> set[Key]:
+        """What to reconcile after these changes. A scheduling pass runs only for changes that
+        can free GPUs or add work: new or requeued Jobs, ended attempts, Nodes, pools and
+        profiles; not for a Job that started or an attempt reported Running."""
         keys: set[Key] = set()
-        finished = False
         for change in changes:
             if change.kind == "Job":
-                keys |= {("Job", change.namespace, change.name), SCHEDULE}
-                finished |= change.object["status"].get("phase") in job.FINISHED_PHASES
+                keys.add(("Job", change.namespace, change.name))
+                self._track_dependencies(change.type, change.object)
+                phase = change.object["status"].get("phase", "Pending")
+                if change.type != "MODIFIED" or phase == "Pending":
+                    keys.add(SCHEDULE)
+                if phase in job.FINISHED_PHASES or change.type == "DELETED":
+                    # Dependents of a finished Job may now run, or fail.
+                    waiting = self._dependents.get((change.namespace, change.name), set())
+                    keys |= waiting | ({SCHEDULE} if waiting else set())
             elif change.kind == "Binding":
-                keys |= {("Job", change.namespace, change.object["spec"]["jobName"]), SCHEDULE}
+                keys.add(("Job", change.namespace, change.object["spec"]["jobName"]))
+                phase = change.object["status"].get("phase", "Pending")
+                if change.type == "DELETED" or phase not in binding.ACTIVE_PHASES:
+                    keys.add(SCHEDULE)
             elif change.kind == "Node":
                 keys.add(("Node", "", change.name))
                 shape = None if change.type == "DELETED" else _node_shape(change.object)
                 if self._node_shapes.get(change.name) != shape:
                     self._node_shapes[change.name] = shape  # type: ignore[assignment]
                     keys.add(SCHEDULE)
-            elif change.kind == "GPUPool":
+            elif change.kind in ("GPUPool", "GPUProfile"):
                 keys.add(SCHEDULE)
-        if finished:  # dependents of a finished Job may now run or fail
-            with self.db.read() as session:
-                keys |= {
-                    ("Job", w["metadata"]["namespace"], w["metadata"]["name"])
-                    for w in store.Store(session).pending_wires()
-                    if w["spec"].get("dependsOn")
-                }
         return keys
 
     def run(self, stop: threading.Event) -> None:
@@ -113,7 +157,14 @@ class Controller:
             if RESYNC in dirty:
                 dirty.discard(RESYNC)
                 dirty |= self._guarded(self.resync, RESYNC) or {RESYNC}
-            for key in sorted(dirty - {RESYNC}, key=lambda k: k == SCHEDULE):  # schedule last
+            keys = sorted(dirty - {RESYNC}, key=lambda k: k == SCHEDULE)  # schedule last
+            job_keys = [k for k in keys if k[0] == "Job"]
+            keys = [k for k in keys if k[0] != "Job"]
+            for start in range(0, len(job_keys), BATCH):
+                chunk = job_keys[start : start + BATCH]
+                if len(chunk) == 1 or not self.reconcile_together(chunk):
+                    keys[:0] = chunk  # one by one, before the others
+            for key in keys:
                 if self._guarded(functools.partial(self.reconcile, key), key) is None:
                     heapq.heappush(self._timers, (self.clock() + timedelta(seconds=1), key))
             dirty = self._wait(stop) | (dirty & {RESYNC})

@@ -3,9 +3,11 @@
 Where the database is comes from `locations`.
 """
 
+import contextlib
 import os
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from sqlalchemy import Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session
 
 from gctl.api import errors
-from gctl.store import locations, schema
+from gctl.store import locations, notify, schema
 
 MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -31,6 +33,13 @@ class Database:
         parsed = make_url(url)
         self.dialect = parsed.get_backend_name()
         self.sqlite_path: Path | None = None
+        # Rung after every committed write on SQLite: the change feed's wake-up (`notify`).
+        self.notify_path: Path | None = None
+        # SQLite lets one writer in at a time, and one that finds the lock taken sleeps in
+        # growing steps (up to 100 ms) before it looks again. Writers of one process (the
+        # controller and agent of `gctl up`) queue here instead, and go in the moment the
+        # previous one commits. PostgreSQL needs no such thing.
+        self._writer: AbstractContextManager[Any] = contextlib.nullcontext()
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
                 raise errors.Invalid(
@@ -38,7 +47,9 @@ class Database:
                     "invisible to the controller and agents"
                 )
             self.sqlite_path = Path(parsed.database)
+            self.notify_path = self.sqlite_path.with_name(self.sqlite_path.name + "-notify")
             _prepare_sqlite_file(self.sqlite_path)
+            self._writer = threading.RLock()
             self.engine: Engine = create_engine(url)
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
@@ -67,8 +78,15 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One read-write transaction, committed when the block ends without an error."""
-        with translate_errors(self.url), Session(self.engine) as session, session.begin():
+        with (
+            self._writer,
+            translate_errors(self.url),
+            Session(self.engine) as session,
+            session.begin(),
+        ):
             yield session
+        if self.notify_path is not None:  # committed: wake this host's watchers
+            notify.ring(self.notify_path)
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -1,63 +1,30 @@
 """Following the change feed without polling the tables.
 
 A watcher arms its wake-up first, then reads every change after its revision, then sleeps until
-woken: SQLite wakes it through a file-system notification on the database's write-ahead log
-(watchfiles), PostgreSQL through LISTEN/NOTIFY. A write that lands between the read and the
+woken: on SQLite every committed write rings a file next to the database (`notify`), on
+PostgreSQL it sends NOTIFY. A write that lands between the read and the
 sleep is never missed, because the wake-up was armed before the read. Idle, it uses no CPU.
 """
 
+import contextlib
+import json
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
-from gctl.store import db, store
+from gctl.api import errors
+from gctl.store import db, locations, notify, store
 
 # A watcher re-reads the feed this often even without a wake-up: a safety net, not the mechanism.
 RESYNC_SECONDS = 60.0
-# watchfiles checks for file events this often (ms); a change is seen after about two steps.
-# 10 ms: about 20 ms of latency, 100 cheap wake-ups a second while idle (a 1 ms step cost a
-# visible share of a core).
-WATCH_STEP_MS = 10
-# SQLite writes a commit's WAL frames (the write that wakes a watcher), syncs them, and only
-# then publishes the commit in its shared-memory index, which raises no file event. A watcher
-# woken by the write may read before the commit is visible and then hear nothing more; so after
-# a wake that found nothing it looks again at these delays (seconds) before it blocks.
-SQLITE_SETTLE = (0.02, 0.05, 0.1, 0.25, 0.5)
+PAGE = 10_000  # changes read at once
 
 
 class Waker(Protocol):
-    def wait(self, timeout: float) -> None: ...
+    def wait(self, timeout: float) -> bool: ...
     def close(self) -> None: ...
-
-
-class _SqliteWaker:
-    """Wakes when the database file or its WAL changes (any commit writes the WAL)."""
-
-    def __init__(self, path: Path, stop: threading.Event | None) -> None:
-        from watchfiles._rust_notify import RustNotify  # watchfiles' own watcher, armed here
-
-        self._names = {path.name, path.name + "-wal"}
-        self._stop = stop
-        self._notify = RustNotify([str(path.parent)], False, False, 300, False, False)
-
-    def wait(self, timeout: float) -> None:
-        remaining_ms = int(timeout * 1000)
-        while remaining_ms > 0:
-            result = self._notify.watch(50, WATCH_STEP_MS, min(remaining_ms, 1000), self._stop)
-            if result == "signal":  # watchfiles caught SIGINT while waiting: honour Ctrl-C
-                raise KeyboardInterrupt
-            if isinstance(result, set):
-                if any(Path(changed).name in self._names for _, changed in result):
-                    return
-            elif result != "timeout" or (self._stop is not None and self._stop.is_set()):
-                return
-            remaining_ms -= 1000
-
-    def close(self) -> None:
-        self._notify.close()
 
 
 class _PostgresWaker:
@@ -72,23 +39,24 @@ class _PostgresWaker:
         self._conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
         self._conn.execute("LISTEN gctl_changes")  # store.NOTIFY_CHANNEL
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         step = 0.5 if self._stop is not None else timeout
         waited = 0.0
         while waited < timeout:
             for _ in self._conn.notifies(timeout=min(step, timeout - waited), stop_after=1):
-                return
+                return True
             if self._stop is not None and self._stop.is_set():
-                return
+                return False
             waited += step
+        return False
 
     def close(self) -> None:
         self._conn.close()
 
 
 def waker(database: db.Database, stop: threading.Event | None = None) -> Waker:
-    if database.sqlite_path is not None:
-        return _SqliteWaker(database.sqlite_path, stop)
+    if database.notify_path is not None:
+        return notify.bell(database.notify_path, stop)
     return _PostgresWaker(database, stop)
 
 
@@ -109,8 +77,11 @@ class Watch(AbstractContextManager["Watch"]):
         self._stop = stop
         with db.translate_errors(database.url):
             self._waker = waker(database, stop)
-        # PostgreSQL notifies at commit, when the change is visible: nothing to settle.
-        self._settle = SQLITE_SETTLE if database.sqlite_path is not None else ()
+        try:
+            self._reader = _ChangeReader(database)
+        except BaseException:
+            self._waker.close()
+            raise
 
     def __exit__(
         self,
@@ -119,15 +90,11 @@ class Watch(AbstractContextManager["Watch"]):
         tb: TracebackType | None,
     ) -> None:
         self._waker.close()
+        self._reader.close()
 
     def poll(self) -> list[store.Change]:
         """Every change after the current position, now, without waiting."""
-        with self._db.read() as session:
-            reader = store.Store(session)
-            # Read the head first: on PostgreSQL each statement has its own snapshot, and a
-            # commit between the two reads must not be skipped.
-            head = reader.current_revision()
-            changes = reader.changes_since(self.revision, self._kinds, after_id=self._after_id)
+        head, changes = self._reader.read(self.revision, self._kinds, self._after_id)
         if changes:
             self._after_id = changes[-1].id
             self.revision = changes[-1].revision
@@ -136,15 +103,83 @@ class Watch(AbstractContextManager["Watch"]):
         return changes
 
     def __iter__(self) -> Iterator[list[store.Change]]:
-        retries: Iterator[float] = iter(())
         while self._stop is None or not self._stop.is_set():
             changes = self.poll()
             if changes:
                 yield changes
-                continue
-            # After a wake that found nothing, wait again only as long as the next settle
-            # delay: a new write still wakes the watcher at once, as it always does.
-            delay = next(retries, None)
-            self._waker.wait(RESYNC_SECONDS if delay is None else delay)
-            if delay is None:
-                retries = iter(self._settle)
+                if len(changes) >= PAGE:
+                    continue  # more may be waiting already
+            # A commit made since the read above has rung the waker already: it returns at
+            # once. So there is no need to read again before waiting.
+            self._waker.wait(RESYNC_SECONDS)
+
+
+class _ChangeReader:
+    """Reads the change feed through the DB-API driver on a connection of its own: a watcher
+    reads after every write anyone makes, and SQLAlchemy's per-query cost would dominate."""
+
+    def __init__(self, database: db.Database) -> None:
+        self._url = database.url
+        self._sqlite = database.sqlite_path is not None
+        with db.translate_errors(database.url):
+            if database.sqlite_path is not None:
+                import sqlite3
+
+                self._conn: Any = sqlite3.connect(
+                    str(database.sqlite_path),
+                    timeout=db.SQLITE_BUSY_TIMEOUT_MS / 1000,
+                    isolation_level=None,
+                    check_same_thread=False,  # made by the caller, read by a feed thread
+                )
+                self._mark = "?"
+            else:
+                import psycopg
+
+                conninfo = locations.libpq_url(database.url) or database.url
+                self._conn = psycopg.connect(conninfo, autocommit=True)
+                self._mark = "%s"
+
+    def read(
+        self, revision: int, kinds: list[str] | None, after_id: int | None
+    ) -> tuple[int, list[store.Change]]:
+        """(the head revision, the changes after `after_id` or else after `revision`)."""
+        mark = self._mark
+        where = f"id > {mark}" if after_id is not None else f"revision > {mark}"
+        params: list[object] = [after_id if after_id is not None else revision]
+        if kinds is not None:
+            where += f" AND kind IN ({', '.join([mark] * len(kinds))})"
+            params.extend(kinds)
+        query = (
+            "SELECT id, revision, type, kind, namespace, name, uid, object FROM changes "
+            f"WHERE {where} ORDER BY id LIMIT {PAGE}"
+        )
+        try:
+            if self._sqlite:
+                self._conn.execute("BEGIN")  # one snapshot for both reads
+            try:
+                # The head first: on PostgreSQL each statement has its own snapshot, and a
+                # commit between the two reads must not be skipped.
+                head = int(self._conn.execute("SELECT revision FROM revision").fetchone()[0])
+                rows = self._conn.execute(query, params).fetchall()
+            finally:
+                if self._sqlite:
+                    self._conn.execute("COMMIT")
+        except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
+            raise errors.Unavailable(f"database {db.display_url(self._url)}: {exc}") from None
+        return head, [
+            store.Change(
+                int(r[0]),
+                int(r[1]),
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                json.loads(r[7]) if isinstance(r[7], str) else r[7],
+            )
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()

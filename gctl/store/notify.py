@@ -1,0 +1,170 @@
+"""Waking one host's processes when a file is touched: a doorbell, without polling.
+
+A writer rings with `ring(path)` (it sets the file's times, creating it if needed); a `Bell`
+on the same path wakes at once. On Linux the bell is inotify, read through ctypes, so that an
+idle waiter sleeps in poll(2) and a ring reaches it in microseconds. Elsewhere it falls back
+to watchfiles, which checks for events every `FALLBACK_STEP_MS`.
+
+The SQLite change feed rings `<database>-notify` after every committed write transaction (the
+commit is visible by then, unlike the WAL write that precedes it), and a job's supervisor rings
+the agent's attempts directory when it records a start or an exit.
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
+import math
+import os
+import select
+import sys
+import threading
+from pathlib import Path
+from typing import Protocol
+
+FALLBACK_STEP_MS = 10
+# With a stop event, a waiter looks at it this often; a ring wakes it sooner.
+STOP_CHECK_SECONDS = 0.5
+
+_IN_MODIFY = 0x002
+_IN_ATTRIB = 0x004
+_IN_CLOSE_WRITE = 0x008
+_IN_MOVE_SELF = 0x800
+_IN_DELETE_SELF = 0x400
+_IN_IGNORED = 0x8000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = 0o2000000
+_MASK = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVE_SELF | _IN_DELETE_SELF
+
+
+def ring(path: Path) -> None:
+    """Wake every bell on `path` (and create it, if it is missing)."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):  # the directory went away: nobody is listening
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    except PermissionError:
+        pass  # someone else's file: their waiters fall back on their resync
+
+
+class Bell(Protocol):
+    def wait(self, timeout: float) -> bool:
+        """Sleep until rung (True) or `timeout` seconds or a stop (False)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def bell(path: Path, stop: threading.Event | None = None) -> Bell:
+    """A bell on `path`, armed now: a ring after this call is never missed."""
+    if not path.exists():
+        ring(path)
+    if sys.platform == "linux" and _libc() is not None:
+        return _InotifyBell(path, stop)
+    return _WatchfilesBell(path, stop)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+class _InotifyBell:
+    def __init__(self, path: Path, stop: threading.Event | None) -> None:
+        libc = _libc()
+        assert libc is not None
+        self._libc = libc
+        self._path = path
+        self._stop = stop
+        self._fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_init1: {os.strerror(ctypes.get_errno())}")
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+        self._watching = False
+        self._watch()
+
+    def _watch(self) -> None:
+        """Watch the file; after it was replaced or deleted, watch the new one."""
+        if not self._path.exists():
+            ring(self._path)
+        if self._libc.inotify_add_watch(self._fd, os.fsencode(self._path), _MASK) >= 0:
+            self._watching = True
+
+    def _drain(self) -> bool:
+        """Read the queued events; whether any says the file itself changed."""
+        rung = False
+        while True:
+            try:
+                data = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return rung
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            offset = 0
+            while offset + 16 <= len(data):
+                mask = int.from_bytes(data[offset + 4 : offset + 8], sys.byteorder)
+                length = int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
+                offset += 16 + length
+                if mask & (_IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
+                    self._watching = False
+                rung |= bool(mask & (_IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE))
+            if not data:
+                return rung
+
+    def wait(self, timeout: float) -> bool:
+        remaining = timeout
+        while remaining > 0:
+            if not self._watching:
+                self._watch()
+                if not self._watching:  # cannot watch it at all: sleep, then try again
+                    if self._stop is not None and self._stop.wait(min(remaining, 1.0)):
+                        return False
+                    remaining -= 1.0
+                    continue
+            step = remaining if self._stop is None else min(remaining, STOP_CHECK_SECONDS)
+            if self._poll.poll(math.ceil(step * 1000)) and self._drain():
+                return True
+            if self._stop is not None and self._stop.is_set():
+                return False
+            remaining -= step
+        return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class _WatchfilesBell:
+    """Where there is no inotify: watchfiles on the file's directory."""
+
+    def __init__(self, path: Path, stop: threading.Event | None) -> None:
+        from watchfiles._rust_notify import RustNotify
+
+        self._name = path.name
+        self._stop = stop
+        self._notify = RustNotify([str(path.parent)], False, False, 300, False, False)
+
+    def wait(self, timeout: float) -> bool:
+        remaining_ms = int(timeout * 1000)
+        while remaining_ms > 0:
+            result = self._notify.watch(50, FALLBACK_STEP_MS, min(remaining_ms, 1000), self._stop)
+            if result == "signal":  # watchfiles caught SIGINT while waiting: honour Ctrl-C
+                raise KeyboardInterrupt
+            if isinstance(result, set):
+                if any(Path(changed).name == self._name for _, changed in result):
+                    return True
+            elif result != "timeout" or (self._stop is not None and self._stop.is_set()):
+                return False
+            remaining_ms -= 1000
+        return False
+
+    def close(self) -> None:
+        self._notify.close()
