@@ -3,7 +3,7 @@ Bindings that name it.
 
 Level-based: every pass reads this node's Bindings and the attempts on disk and moves each one
 step: launch what is bound and not yet running, stop what the controller asked to stop, report
-what exited. It wakes on the change feed and on the attempts directory (watchfiles), and on
+what exited. It wakes on the change feed and on the supervisors' records (`notify`), and on
 the heartbeat timer; a pass may run any number of times.
 """
 
@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import gctl
-from gctl.api import binding, errors, job, meta, node
-from gctl.store import db, feed, store
+from gctl.api import binding, errors, job, meta, node, quantity
+from gctl.store import db, feed, notify, store
 from nodeagent import gpus as gpu_backends
-from nodeagent import runtime
+from nodeagent import runtime, supervisor
 
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
@@ -80,12 +80,13 @@ class Agent:
         self.lease = state_dir / "lease"  # touched on every heartbeat; supervisors watch its age
         self.clock = clock
         self.wake = threading.Event()
+        self._reports: list[binding.Binding] = []  # statuses a sync pass will write
 
     # -- the Node ------------------------------------------------------------------------------
 
     def heartbeat(self) -> None:
         """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready."""
-        discovered = self.backend.discover()
+        discovered = self._attribute(self.backend.discover())
         now = self.clock()
 
         def work(writer: store.Store) -> None:
@@ -120,20 +121,64 @@ class Agent:
         store.transact(self.db, work)
         self.lease.touch()  # only after the heartbeat is in the database
 
+    def _attribute(self, discovered: list[node.GPUInfo]) -> list[node.GPUInfo]:
+        """Tell this agent's jobs' processes from the others on each GPU (a job runs in a
+        session of its own, led by the pid its supervisor recorded): the Node lists only the
+        others, and a job that uses more GPU memory than it declared is stopped where its pool
+        asks for that."""
+        with self.db.read() as session:
+            running = store.Store(session).active_bindings(self.name, frozenset({"Running"}))
+        by_session: dict[int | None, binding.Binding] = {}
+        for bound in running:
+            pid = self.runtime.state(bound.metadata.uid or "").pid
+            if pid is not None:
+                by_session[pid] = bound
+        used: dict[str, dict[int, int]] = {}
+        for gpu in discovered:
+            others = []
+            for process in gpu.processes:
+                owner = by_session.get(_session_of(process.pid))
+                if owner is None:
+                    others.append(process)
+                else:
+                    per_gpu = used.setdefault(owner.metadata.uid or "", {})
+                    per_gpu[gpu.index] = per_gpu.get(gpu.index, 0) + (process.used_memory or 0)
+            gpu.processes = others
+        for bound in running:
+            self._enforce_memory(bound, used.get(bound.metadata.uid or "", {}))
+        return discovered
+
+    def _enforce_memory(self, bound: binding.Binding, used: dict[int, int]) -> None:
+        limit = bound.spec.gpu_memory
+        if not bound.spec.enforce_gpu_memory or limit is None:
+            return
+        over = {index: amount for index, amount in used.items() if amount > limit}
+        if not over:
+            return
+        index, amount = max(over.items(), key=lambda item: item[1])
+        message = (
+            f"used {quantity.format_bytes(amount)} of GPU {index}'s memory, more than its "
+            f"gpuMemory {quantity.format_bytes(limit)}; its pool enforces declared memory"
+        )
+        log.warning("stopping %s: %s", bound.name, message)
+        self.runtime.stop(
+            bound.metadata.uid or "", warn=False, reason=binding.STOP_GPU_MEMORY, message=message
+        )
+
     # -- the attempts --------------------------------------------------------------------------
 
     def sync(self) -> None:
         """One level-based pass over this node's Bindings and the attempts on disk."""
         with self.db.read() as session:
             bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
+        self._reports = []
         for bound in bindings:
             try:
                 self._sync_one(bound)
-            except errors.Conflict:
-                self.wake.set()  # someone wrote it meanwhile: look again
             except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
                 log.warning("%s: %s", bound.name, exc)
                 self.wake.set()
+        self._flush_reports()
         bound_uids = {b.metadata.uid for b in bindings}
         for uid in self.runtime.known():
             if uid not in bound_uids:
@@ -150,10 +195,12 @@ class Agent:
             # still runs here must end, so that the Job never runs twice.
             if state.phase == "running":
                 log.warning("stopping %s: its attempt was declared lost", bound.name)
-                self.runtime.stop(uid)
+                self.runtime.stop(uid, warn=False)
             return
         if bound.spec.stop_reason and state.phase == "running":
-            self.runtime.stop(uid)
+            # A job asked for a warning before preemption, eviction, its deadline or a
+            # suspend, so that it can checkpoint; a deleted job is stopped at once.
+            self.runtime.stop(uid, warn=bound.spec.stop_reason != binding.STOP_DELETED)
             return
         if state.phase == "absent":
             if phase == "Running":
@@ -219,9 +266,14 @@ class Agent:
                 env=env,
                 cwd=owner.spec.working_dir,
                 log_path=log_path,
-                grace_seconds=self.grace_seconds,
+                grace_seconds=self.grace_seconds
+                if owner.spec.termination_grace_period_seconds is None
+                else owner.spec.termination_grace_period_seconds,
                 lease_path=self.lease if self.fence_seconds else None,
                 fence_seconds=self.fence_seconds,
+                stop_warning=None
+                if owner.spec.stop_warning is None
+                else (owner.spec.stop_warning.signal, owner.spec.stop_warning.seconds),
             )
         )
         self._report(bound, state)
@@ -262,17 +314,32 @@ class Agent:
             status.finish_time = now
             status.reason = "Lost"
             status.message = state.message
-        if status == bound.status:
+        if status != bound.status:
+            self._reports.append(bound.model_copy(update={"status": status}))
+
+    def _flush_reports(self) -> None:
+        """Write the pass's reports in one transaction: one commit, one wake-up of the
+        controller, however many attempts ended together."""
+        reports, self._reports = self._reports, []
+        if not reports:
             return
-        with self.db.write() as session:
-            store.Store(session).update_status(bound.model_copy(update={"status": status}))
+        try:
+            with self.db.write() as session:
+                writer = store.Store(session)
+                for report in reports:
+                    writer.update_status(report)
+        except errors.Conflict:
+            self.wake.set()  # someone wrote one meanwhile: look again
+        except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
+            log.warning("reporting %d attempt(s): %s", len(reports), exc)
+            self.wake.set()
 
     def _orphan(self, uid: str) -> None:
         """An attempt on disk whose Binding is gone: stop it, and forget it once it ended."""
         state = self.runtime.state(uid)
         if state.phase == "running":
             log.warning("stopping attempt %s: its Binding was deleted", uid)
-            self.runtime.stop(uid)
+            self.runtime.stop(uid, warn=False)
         else:
             if state.phase == "lost":
                 self.runtime.kill_lost(uid)
@@ -312,6 +379,7 @@ class Agent:
             self.wake.wait(max(0.0, next_beat - _monotonic()))
         for thread in watchers:
             thread.join(timeout=5)
+        self.runtime.close()
 
     def _settle_lost(self) -> None:
         """Before offering its GPUs again, stop what still runs of attempts declared lost while
@@ -342,17 +410,21 @@ class Agent:
                 stop.wait(2.0)
 
     def _follow_attempts(self, stop: threading.Event) -> None:
-        import watchfiles
+        """Wake the loop when a supervisor records a start or an exit."""
+        bell = notify.bell(self.runtime.attempts_dir / supervisor.NOTIFY, stop)
+        try:
+            while not stop.is_set():
+                if bell.wait(feed.RESYNC_SECONDS):
+                    self.wake.set()
+        finally:
+            bell.close()
 
-        for _ in watchfiles.watch(
-            self.runtime.attempts_dir,
-            stop_event=stop,
-            debounce=50,
-            step=feed.WATCH_STEP_MS,
-            rust_timeout=1000,
-            yield_on_timeout=False,
-        ):
-            self.wake.set()
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone, or in another PID namespace (a container): not one of ours
+        return None
 
 
 def _monotonic() -> float:

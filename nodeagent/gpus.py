@@ -2,10 +2,17 @@
 
 Fake GPUs are a feature, not a test double: users without NVIDIA GPUs run gctl on them. An NVML
 field a GPU does not support becomes None; a GPU that fails to answer is reported, not fatal.
+
+`discover()` lists every process on each GPU; the agent tells its own jobs' processes from the
+others. A fake GPU "runs" any process whose environment says so: `GCTL_FAKE_GPU_MEMORY=20Gi`
+(and optionally `GCTL_FAKE_GPU_UTIL=90`) with the GPU's index in `CUDA_VISIBLE_DEVICES` or
+`GCTL_GPUS`, so that memory accounting, foreign processes and memory limits can be tried
+without NVIDIA hardware.
 """
 
 import contextlib
 import logging
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,6 +24,9 @@ log = logging.getLogger("gctl.agent")
 DEFAULT_FAKE_GPUS = 4
 DEFAULT_FAKE_MODEL = "Fake GPU"
 DEFAULT_FAKE_MEMORY = "80Gi"
+FAKE_MEMORY_ENV = "GCTL_FAKE_GPU_MEMORY"
+FAKE_UTIL_ENV = "GCTL_FAKE_GPU_UTIL"
+PROC = "/proc"
 
 
 class Backend(Protocol):
@@ -36,18 +46,28 @@ class FakeGPUs:
     kind: str = "fake"
 
     def discover(self) -> list[node.GPUInfo]:
-        return [
-            node.GPUInfo(
-                index=i,
-                uuid=f"GPU-fake-{self.host}-{i}",
-                model=self.model,
-                memory_total=self.memory,
-                memory_used=0,
-                utilization=0,
-                fake=True,
+        users = _fake_gpu_users()
+        gpus = []
+        for i in range(self.count):
+            processes = [
+                node.GPUProcess(pid=pid, used_memory=memory, name=name)
+                for pid, name, indices, memory, _ in users
+                if i in indices
+            ]
+            busy = [util for _, _, indices, _, util in users if i in indices]
+            gpus.append(
+                node.GPUInfo(
+                    index=i,
+                    uuid=f"GPU-fake-{self.host}-{i}",
+                    model=self.model,
+                    memory_total=self.memory,
+                    memory_used=min(self.memory, sum(p.used_memory or 0 for p in processes)),
+                    utilization=min(100, sum(busy)),
+                    fake=True,
+                    processes=processes,
+                )
             )
-            for i in range(self.count)
-        ]
+        return gpus
 
     def close(self) -> None:
         pass
@@ -61,9 +81,12 @@ class NVMLGPUs:
 
         pynvml.nvmlInit()
         self._nvml: Any = pynvml
+        self._peers: dict[int, list[int]] | None = None
 
     def discover(self) -> list[node.GPUInfo]:
         nvml = self._nvml
+        if self._peers is None:
+            self._peers = self._topology()
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
@@ -85,8 +108,38 @@ class NVMLGPUs:
             memory_total=None if memory is None else int(memory.total),
             memory_used=None if memory is None else int(memory.used),
             utilization=None if utilization is None else int(utilization.gpu),
-            processes=[node.GPUProcess(pid=int(p.pid), used_memory=_memory_of(p)) for p in running],
+            processes=[
+                node.GPUProcess(pid=int(p.pid), used_memory=_memory_of(p), name=_name_of(p.pid))
+                for p in running
+            ],
+            peers=(self._peers or {}).get(index, []),
         )
+
+    def _topology(self) -> dict[int, list[int]]:
+        """For each GPU, the others it reaches over NVLink or through one PCIe switch: the
+        ones a multi-GPU job would rather have together."""
+        nvml = self._nvml
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except nvml.NVMLError as exc:
+            log.warning("NVML topology unavailable: %s", exc)
+            return {}
+        peers: dict[int, list[int]] = {}
+        for i, first in enumerate(handles):
+            for j, second in enumerate(handles):
+                if i != j and self._linked(first, second):
+                    peers.setdefault(i, []).append(j)
+        return peers
+
+    def _linked(self, first: Any, second: Any) -> bool:
+        nvml = self._nvml
+        nvlink = self._field(
+            lambda: nvml.nvmlDeviceGetP2PStatus(first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+        )
+        if nvlink == nvml.NVML_P2P_STATUS_OK:
+            return True
+        level = self._field(lambda: nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
+        return level is not None and level <= nvml.NVML_TOPOLOGY_MULTIPLE
 
     def _field(self, read: Any) -> Any:
         try:
@@ -99,9 +152,51 @@ class NVMLGPUs:
             self._nvml.nvmlShutdown()
 
 
+def _fake_gpu_users() -> list[tuple[int, str, set[int], int, int]]:
+    """(pid, name, GPU indices, memory, utilization) of processes that declare fake GPU use."""
+    found = []
+    try:
+        pids = [int(entry) for entry in os.listdir(PROC) if entry.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"{PROC}/{pid}/environ", "rb") as handle:
+                raw = handle.read()
+        except OSError:  # gone, or someone else's
+            continue
+        if FAKE_MEMORY_ENV.encode() not in raw:
+            continue
+        env = dict(
+            item.decode(errors="replace").partition("=")[::2] for item in raw.split(b"\0") if item
+        )
+        try:
+            memory = quantity.parse_bytes(env[FAKE_MEMORY_ENV])
+            util = int(env.get(FAKE_UTIL_ENV, "0"))
+            listed = env.get("GCTL_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+            indices = {int(part) for part in listed.split(",") if part.strip().isdigit()}
+        except (ValueError, KeyError):
+            continue
+        try:
+            with open(f"{PROC}/{pid}/comm", encoding="utf-8") as handle:
+                name = handle.read().strip()
+        except OSError:
+            name = ""
+        found.append((pid, name, indices, memory, util))
+    return found
+
+
 def _memory_of(process: Any) -> int | None:
     used = getattr(process, "usedGpuMemory", None)
     return int(used) if isinstance(used, int) else None
+
+
+def _name_of(pid: int) -> str | None:
+    try:
+        with open(f"{PROC}/{pid}/comm", encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:  # another PID namespace, or gone
+        return None
 
 
 def detect(

@@ -10,11 +10,14 @@ to trust and no window between launching it and it taking the lock; `pid.json` a
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 from nodeagent import supervisor
 
 LOCK = "lock"
+log = logging.getLogger("gctl.agent")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Launch:
     grace_seconds: float
     lease_path: Path | None = None
     fence_seconds: float = 0.0
+    stop_warning: tuple[str, int] | None = None  # (signal name, seconds before SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ class Runtime:
         self.logs_dir = state_dir / "logs"
         self.attempts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._forker = _ForkServer()
+
+    def close(self) -> None:
+        """Stop the fork server (supervisors it started keep running)."""
+        self._forker.close()
 
     def log_path(self, namespace: str, job: str, attempt: int) -> Path:
         return self.logs_dir / namespace / job / f"attempt-{attempt}.log"
@@ -78,15 +88,17 @@ class Runtime:
         pid = int(pid_record["pid"]) if pid_record else None
         started = float(pid_record["started"]) if pid_record else None
         if exit_record is not None:
+            stopped = bool(exit_record.get("stopped"))
+            request = (_read(directory / supervisor.STOP) or {}) if stopped else {}
             return State(
                 "exited",
                 pid=pid,
                 started=started,
                 exit_code=exit_record.get("exitCode"),
                 signal=exit_record.get("signal"),
-                stopped=bool(exit_record.get("stopped")),
-                reason=exit_record.get("reason"),
-                message=exit_record.get("message"),
+                stopped=stopped,
+                reason=exit_record.get("reason") or request.get("reason"),
+                message=exit_record.get("message") or request.get("message"),
             )
         if _supervisor_alive(directory):
             return State("running", pid=pid, started=started)
@@ -125,6 +137,9 @@ class Runtime:
                 "gracePeriodSeconds": launch.grace_seconds,
                 "leasePath": str(launch.lease_path) if launch.lease_path else None,
                 "fenceSeconds": launch.fence_seconds,
+                "stopWarning": None
+                if launch.stop_warning is None
+                else {"signal": launch.stop_warning[0], "seconds": launch.stop_warning[1]},
             },
         )
         lock_fd = os.open(directory / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
@@ -133,32 +148,32 @@ class Runtime:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return self.state(launch.uid)  # a supervisor holds it: already launched
-            launched = subprocess.Popen(
-                # The supervisor needs the standard library only: started isolated (-I) and without
-                # site (-S) it is up in about half the time, which every job start waits for.
-                [sys.executable, "-I", "-S", supervisor.__file__, str(directory)],
-                pass_fds=(lock_fd,),
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=open(directory / "supervisor.err", "ab"),  # noqa: SIM115
-                close_fds=True,
-            )
+            pid = self._forker.fork(directory, lock_fd)
+            if pid is None:
+                pid = _start_supervisor(directory, lock_fd)
             supervisor.write_atomically(
                 directory / supervisor.LAUNCHED,
-                {
-                    "supervisor": launched.pid,
-                    "bootId": supervisor.boot_id(),
-                },
+                {"supervisor": pid, "bootId": supervisor.boot_id()},
             )
         finally:
             os.close(lock_fd)
         return State("running")
 
-    def stop(self, uid: str) -> None:
-        """Ask the supervisor to stop the job: SIGTERM, then SIGKILL after the grace period."""
-        record = _read(self.attempts_dir / uid / supervisor.PID)
+    def stop(
+        self, uid: str, *, warn: bool = True, reason: str | None = None, message: str | None = None
+    ) -> None:
+        """Ask the supervisor to stop the job: its warning signal first (if it asked for one
+        and `warn`), then SIGTERM, then SIGKILL after the grace period. A `reason` given here
+        is the one the attempt reports when it has exited."""
+        directory = self.attempts_dir / uid
+        record = _read(directory / supervisor.PID)
         if record is not None and self.state(uid).phase == "running":
+            # The first request says why; one that allows no warning replaces a warned one.
+            if not warn or not (directory / supervisor.STOP).exists():
+                supervisor.write_atomically(
+                    directory / supervisor.STOP,
+                    {"warn": warn, "reason": reason, "message": message},
+                )
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(record["supervisor"]), signal.SIGTERM)
 
@@ -173,6 +188,83 @@ class Runtime:
     def forget(self, uid: str) -> None:
         """Remove a finished attempt's directory (its log stays)."""
         shutil.rmtree(self.attempts_dir / uid, ignore_errors=True)
+
+
+def _start_supervisor(directory: Path, lock_fd: int) -> int:
+    """A supervisor in a fresh interpreter: the fork server's fallback."""
+    with open(directory / "supervisor.err", "ab") as errors:
+        launched = subprocess.Popen(
+            # The supervisor needs the standard library only: started isolated (-I) and without
+            # site (-S) it is up in about half the time.
+            [sys.executable, "-I", "-S", supervisor.__file__, str(directory)],
+            pass_fds=(lock_fd,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            close_fds=True,
+        )
+    return launched.pid
+
+
+SERVER_ARGV = (sys.executable, "-I", "-S", supervisor.__file__, "--fork-server")
+
+
+class _ForkServer:
+    """The agent's end of `supervisor.serve`, started on first use and again if it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+
+    def fork(self, directory: Path, lock_fd: int) -> int | None:
+        """The pid of a supervisor forked for `directory`, or None if the server failed (the
+        caller starts one directly; the server is started again next time)."""
+        with self._lock:
+            try:
+                server = self._socket or self._start()
+                socket.send_fds(server, [os.fsencode(directory)], [lock_fd])
+                reply = server.recv(64)
+                if not reply:
+                    raise OSError("the fork server closed its socket")
+                return int(reply)
+            except (OSError, ValueError) as exc:
+                log.warning("supervisor fork server failed (%s); starting one directly", exc)
+                self._stop()
+                return None
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [*SERVER_ARGV, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # Ctrl-C on `gctl up` is the agent's to handle
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._socket = ours
+        return ours
+
+    def _stop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()  # the server reads EOF and exits
+            self._socket = None
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)
+            self._process = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
 
 
 def _read(path: Path) -> dict[str, Any] | None:

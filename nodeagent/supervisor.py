@@ -8,12 +8,19 @@ then SIGKILL after the grace period, even if the agent died meanwhile.
 
 Run as `python -I -S supervisor.py ATTEMPT_DIR` (ATTEMPT_DIR holds `spec.json`): it must
 import nothing but the standard library.
+
+Starting an interpreter costs about 30 ms, which every job start would wait for; so the agent
+keeps one `supervisor.py --fork-server FD` process (`serve`), started once, that forks a
+supervisor for each attempt from its already-loaded interpreter in about a millisecond. The
+forked supervisor leaves the server's session at once, so it is as independent of the agent as
+one started directly.
 """
 
 import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,8 +32,12 @@ SPEC = "spec.json"
 LAUNCHED = "launched.json"
 PID = "pid.json"
 EXIT = "exit.json"
+STOP = "stop.json"  # why the agent stops the attempt; written before it sends SIGTERM
 FENCED = "Fenced"  # the reason of an attempt stopped because its agent went silent
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+# In the attempts directory: touched after each record, to wake the agent at once (the agent
+# listens with gctl.store.notify; this file imports nothing of gctl).
+NOTIFY = "notify"
 
 
 def boot_id() -> str:
@@ -47,6 +58,19 @@ def write_atomically(path: Path, document: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+def record(attempt_dir: Path, name: str, document: dict[str, Any]) -> None:
+    """Write one of the attempt's records and wake the agent."""
+    write_atomically(attempt_dir / name, document)
+    bell = attempt_dir.parent / NOTIFY
+    try:
+        os.utime(bell)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            os.close(os.open(bell, os.O_CREAT | os.O_WRONLY, 0o600))
+    except OSError:
+        pass
+
+
 def exit_code_of(returncode: int) -> tuple[int, str | None]:
     """Popen's return code as a shell reports it: 128+N for a death by signal N."""
     if returncode >= 0:
@@ -65,15 +89,25 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 
 class _Stopper:
-    """Turns SIGTERM into a stop of the job's process group, escalated by a timer signal."""
+    """Turns SIGTERM into a stop of the job's process group: first the job's warning signal
+    (when it asked for one and the stop allows it), then SIGTERM, then SIGKILL after the grace
+    period; each step is started by a timer signal."""
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, attempt_dir: Path, grace: float, warning: dict[str, Any] | None) -> None:
+        self.attempt_dir = attempt_dir
         self.grace = grace
+        self.warning = warning
         self.requested = False
         self.pgid: int | None = None
+        self._next = signal.SIGTERM
+        self.warned = False  # the warning signal went out and SIGTERM has not yet
 
     def on_term(self, _signum: int, _frame: object) -> None:
         if self.requested:
+            # A stop that allows no warning (a delete, a fence) cuts a warning short.
+            if self.warned and self.pgid is not None and not self._request().get("warn", True):
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self._send()
             return
         self.requested = True
         if self.pgid is not None:
@@ -81,7 +115,7 @@ class _Stopper:
 
     def on_alarm(self, _signum: int, _frame: object) -> None:
         if self.pgid is not None:
-            _kill_group(self.pgid, signal.SIGKILL)
+            self._send()
 
     def started(self, pgid: int) -> None:
         self.pgid = pgid
@@ -90,11 +124,37 @@ class _Stopper:
 
     def _begin(self) -> None:
         assert self.pgid is not None
-        _kill_group(self.pgid, signal.SIGTERM)
-        signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.001))
+        if self.warning and self._request().get("warn", True):
+            self.warned = True
+            _kill_group(self.pgid, signal.Signals[self.warning["signal"]])
+            signal.setitimer(signal.ITIMER_REAL, float(self.warning["seconds"]))
+        else:
+            self._send()
+
+    def _request(self) -> dict[str, Any]:
+        return _read_json(self.attempt_dir / STOP) or {}
+
+    def _send(self) -> None:
+        """SIGTERM with the grace timer armed, or, after the grace period, SIGKILL."""
+        assert self.pgid is not None
+        self.warned = False
+        _kill_group(self.pgid, self._next)
+        if self._next == signal.SIGTERM:
+            self._next = signal.SIGKILL
+            signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.001))
 
 
-def _fence(lease: Path, fence_seconds: float, log: BinaryIO, fenced: threading.Event) -> None:
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return document
+
+
+def _fence(
+    attempt_dir: Path, lease: Path, fence_seconds: float, log: BinaryIO, fenced: threading.Event
+) -> None:
     """Stop the job once the agent has not renewed its lease for fence_seconds.
 
     The controller retries the Jobs of a node that stopped heartbeating elsewhere; the agent's
@@ -112,6 +172,8 @@ def _fence(lease: Path, fence_seconds: float, log: BinaryIO, fenced: threading.E
             )
             log.write(message.encode())
             fenced.set()
+            # No warning period: the job must be gone before the controller retries it.
+            write_atomically(attempt_dir / STOP, {"warn": False, "reason": FENCED})
             os.kill(os.getpid(), signal.SIGTERM)
             return
         time.sleep(min(5.0, max(0.2, fence_seconds - silent)))
@@ -119,7 +181,9 @@ def _fence(lease: Path, fence_seconds: float, log: BinaryIO, fenced: threading.E
 
 def supervise(attempt_dir: Path) -> int:
     spec = json.loads((attempt_dir / SPEC).read_text(encoding="utf-8"))
-    stopper = _Stopper(float(spec.get("gracePeriodSeconds", 30)))
+    stopper = _Stopper(
+        attempt_dir, float(spec.get("gracePeriodSeconds", 30)), spec.get("stopWarning")
+    )
     fenced = threading.Event()
     signal.signal(signal.SIGTERM, stopper.on_term)
     signal.signal(signal.SIGINT, stopper.on_term)
@@ -127,8 +191,9 @@ def supervise(attempt_dir: Path) -> int:
     try:
         log = open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
     except OSError as exc:
-        write_atomically(
-            attempt_dir / EXIT,
+        record(
+            attempt_dir,
+            EXIT,
             {
                 "exitCode": 127,
                 "reason": "StartError",
@@ -152,8 +217,9 @@ def supervise(attempt_dir: Path) -> int:
             )
         except OSError as exc:
             log.write(f"gctl: cannot start {spec['argv'][0]!r}: {exc.strerror}\n".encode())
-            write_atomically(
-                attempt_dir / EXIT,
+            record(
+                attempt_dir,
+                EXIT,
                 {
                     "exitCode": 127,
                     "reason": "StartError",
@@ -163,8 +229,9 @@ def supervise(attempt_dir: Path) -> int:
             )
             return 0
         stopper.started(child.pid)
-        write_atomically(
-            attempt_dir / PID,
+        record(
+            attempt_dir,
+            PID,
             {
                 "supervisor": os.getpid(),
                 "pid": child.pid,
@@ -175,15 +242,22 @@ def supervise(attempt_dir: Path) -> int:
         if spec.get("leasePath") and spec.get("fenceSeconds"):
             threading.Thread(
                 target=_fence,
-                args=(Path(spec["leasePath"]), float(spec["fenceSeconds"]), log, fenced),
+                args=(
+                    attempt_dir,
+                    Path(spec["leasePath"]),
+                    float(spec["fenceSeconds"]),
+                    log,
+                    fenced,
+                ),
                 daemon=True,
             ).start()
         returncode = child.wait()
         # Processes the job left behind in its group are part of the job: end them too.
         _kill_group(child.pid, signal.SIGKILL)
     code, signal_name = exit_code_of(returncode)
-    write_atomically(
-        attempt_dir / EXIT,
+    record(
+        attempt_dir,
+        EXIT,
         {
             "exitCode": code,
             "signal": signal_name,
@@ -195,5 +269,50 @@ def supervise(attempt_dir: Path) -> int:
     return 0
 
 
+def _forked(attempt_dir: Path, server: socket.socket) -> int:
+    """In the child of the fork server: become an independent supervisor of `attempt_dir`."""
+    server.close()
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server ignores it; waiting needs it
+    null = os.open(os.devnull, os.O_RDWR)
+    error = os.open(attempt_dir / "supervisor.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(error, 2)
+    os.close(null)
+    os.close(error)
+    return supervise(attempt_dir)
+
+
+def serve(server: socket.socket) -> int:
+    """The fork server: each message is an attempt directory with the locked `lock` descriptor
+    attached (SCM_RIGHTS); the reply is the new supervisor's pid. Ends when the agent closes
+    its end (or dies)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(server, 4096, 1)
+        except OSError:
+            return 0
+        if not message:
+            return 0
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _forked(Path(os.fsdecode(message)), server)
+            finally:
+                os._exit(code)
+        for fd in fds:  # the supervisor holds the lock now
+            os.close(fd)
+        try:
+            server.send(str(pid).encode())
+        except OSError:
+            return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--fork-server":
+        sys.exit(serve(socket.socket(fileno=int(sys.argv[2]))))
     sys.exit(supervise(Path(sys.argv[1])))
