@@ -23,11 +23,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench import jobs
+from bench import jobs, scheduler
 from bench import store as store_benchmarks
 from bench.store import BenchError, Context, Result, progress
 
-BENCHMARKS = {**store_benchmarks.BENCHMARKS, **jobs.BENCHMARKS}  # the suite's order
+BENCHMARKS = {  # the suite's order
+    **store_benchmarks.BENCHMARKS,
+    **jobs.BENCHMARKS,
+    **scheduler.BENCHMARKS,
+}
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 

@@ -59,7 +59,10 @@ def reconcile(
 
 
 def _stop(writer: store.Store, attempt: binding.Binding, reason: str) -> None:
-    if attempt.spec.stop_reason is None:
+    """Ask the agent to stop an attempt. The first reason stays, except that a deletion
+    replaces any other: it cuts a stop warning short (the agent sends no warning for it)."""
+    current = attempt.spec.stop_reason
+    if current is None or (reason == binding.STOP_DELETED and current != reason):
         attempt.spec.stop_reason = reason
         writer.update(attempt)
 
@@ -100,7 +103,10 @@ def _follow_active(
     deadline = j.spec.active_deadline_seconds
     if deadline is None or j.status.start_time is None:
         return None
-    due = j.status.start_time + timedelta(seconds=deadline)
+    # With a stop warning, the stop is asked for that much earlier: the warning signal comes
+    # first and SIGTERM lands at the deadline.
+    early = j.spec.stop_warning.seconds if j.spec.stop_warning else 0
+    due = j.status.start_time + timedelta(seconds=max(0, deadline - early))
     if now >= due:
         _stop(writer, active, binding.STOP_DEADLINE)
         return None
@@ -128,6 +134,17 @@ def _account(
         )
     elif stop == binding.STOP_SUSPENDED:
         _requeue(writer, j, "Suspended", f"attempt {latest.spec.attempt} stopped: suspended", now)
+    elif stop in job.REQUEUE_REASONS:
+        j.status.preemptions += 1
+        why = "preempted by a higher-priority Job" if stop == job.REASON_PREEMPTED else "evicted"
+        _requeue(
+            writer,
+            j,
+            stop,
+            f"attempt {latest.spec.attempt} on {latest.spec.node} was {why}; requeued "
+            "without counting against backoffLimit",
+            now,
+        )
     elif stop == binding.STOP_DEADLINE:
         _finish(
             writer,

@@ -14,6 +14,9 @@ ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Running"})
 STOP_DELETED = "Deleted"
 STOP_DEADLINE = "DeadlineExceeded"
 STOP_SUSPENDED = "Suspended"
+STOP_PREEMPTED = "Preempted"  # a higher-priority Job needs the GPUs
+STOP_EVICTED = "Evicted"  # `gctl drain --evict`
+STOP_GPU_MEMORY = "GPUMemoryExceeded"  # used more GPU memory than it declared (pool enforces)
 
 
 class BindingSpec(meta.Model):
@@ -26,7 +29,9 @@ class BindingSpec(meta.Model):
     gpus: list[int] = Field(default_factory=list)
     gpu_share: float = Field(default=1.0, ge=0, le=1)  # of each GPU; 0 for a CPU-only job
     gpu_memory: int | None = None  # bytes of each GPU the job declared (resources.gpuMemory)
-    stop_reason: str | None = None  # set by the controller: stop this attempt
+    # Stop the job when its processes use more GPU memory than gpu_memory (the pool says so).
+    enforce_gpu_memory: bool = Field(default=False, alias="enforceGPUMemory")
+    stop_reason: str | None = None  # set by the controller or `gctl drain`: stop this attempt
 
 
 class BindingStatus(meta.Model):

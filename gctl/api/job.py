@@ -3,7 +3,14 @@
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, PlainSerializer, ValidationInfo, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gctl.api import kinds, meta, quantity
 
@@ -25,6 +32,13 @@ REASON_BACKOFF = "BackOff"
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_WAITING_DEPENDENCIES = "WaitingForDependencies"
 REASON_DEPENDENCY_FAILED = "DependencyFailed"
+REASON_PREEMPTED = "Preempted"
+REASON_EVICTED = "Evicted"
+REASON_GPU_MEMORY_EXCEEDED = "GPUMemoryExceeded"
+REASON_PROFILE_NOT_FOUND = "GPUProfileNotFound"
+REASON_POOL_NOT_FOUND = "GPUPoolNotFound"
+# Attempts that end for these reasons go back to the queue without spending backoffLimit.
+REQUEUE_REASONS: frozenset[str] = frozenset({REASON_PREEMPTED, REASON_EVICTED})
 
 # Once a Job leaves Pending these spec fields are fixed: changing them means a new run.
 IMMUTABLE_ONCE_STARTED: tuple[str, ...] = ("command", "resources", "placement")
@@ -66,12 +80,59 @@ GPUCount = Annotated[
 
 
 class Resources(meta.Model):
-    gpus: GPUCount = 1
+    """What a Job needs. Fields left out come from the named GPUProfile, then the defaults
+    (one whole GPU, any model, no memory declared)."""
+
+    gpus: GPUCount | None = None
     gpu_memory: MemoryQuantity | None = None
     gpu_model: str | None = Field(default=None, min_length=1)
+    profile: meta.DNSSubdomain | None = None
+
+    @model_validator(mode="after")
+    def _default_count(self) -> "Resources":
+        """One GPU unless a profile says otherwise: `gpus: 1` and no `gpus` are the same Job."""
+        if self.gpus is None and self.profile is None:
+            self.gpus = 1
+        return self
+
+    def gpu_count(self) -> float:
+        """The GPUs asked for, before any profile is applied."""
+        return 1.0 if self.gpus is None else self.gpus
 
     def gpu_memory_bytes(self) -> int | None:
         return None if self.gpu_memory is None else quantity.parse_bytes(self.gpu_memory)
+
+
+class StopWarning(meta.Model):
+    """A signal sent this many seconds before a stop's SIGTERM (Slurm's --signal=USR1@60), so a
+    job can checkpoint before it is preempted, evicted or reaches its deadline."""
+
+    signal: str = "SIGUSR1"
+    seconds: int = Field(default=60, gt=0, le=86_400)
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        return signal_name(value)
+
+
+def signal_name(value: str) -> str:
+    """`usr1`, `SIGUSR1` or `10` -> `SIGUSR1`; ValueError names the choices."""
+    import signal as signals
+
+    text = value.strip().upper()
+    if text.isdigit():
+        try:
+            return signals.Signals(int(text)).name
+        except ValueError:
+            pass
+    else:
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        if name in signals.Signals.__members__ and name not in ("SIGKILL", "SIGSTOP"):
+            return name
+    raise ValueError(
+        f"{value!r} is not a signal a job can catch: use e.g. SIGUSR1, SIGINT, SIGTERM"
+    )
 
 
 class Placement(meta.Model):
@@ -103,6 +164,9 @@ class JobSpec(meta.Model):
     depends_on: list[meta.DNSLabel] = Field(default_factory=list)
     suspend: bool = False
     gpu_env: meta.EnvName = "CUDA_VISIBLE_DEVICES"
+    preemptible: bool = True  # a higher-priority Job may stop this one and requeue it
+    stop_warning: StopWarning | None = None
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=86_400)
 
     @field_validator("placement")
     @classmethod
@@ -112,11 +176,14 @@ class JobSpec(meta.Model):
         resources = info.data.get("resources")
         if placement is None or placement.gpus is None or not isinstance(resources, Resources):
             return placement
-        wanted = 1 if 0 < resources.gpus < 1 else int(resources.gpus)
+        if resources.gpus is None and resources.profile is not None:
+            return placement  # the profile decides the count; the scheduler checks the pin
+        count = resources.gpu_count()
+        wanted = 1 if 0 < count < 1 else int(count)
         if len(placement.gpus) != wanted:
             raise ValueError(
                 f"gpus lists {len(placement.gpus)} GPU(s) but resources.gpus asks for "
-                f"{quantity.format_gpus(resources.gpus)}: list exactly {wanted}"
+                f"{quantity.format_gpus(count)}: list exactly {wanted}"
             )
         return placement
 
@@ -142,6 +209,10 @@ class JobStatus(meta.Model):
     exit_code: int | None = None
     reason: str | None = None
     message: str | None = None
+    # While Pending, where it can be told from declared deadlines or earlier runs: when it
+    # should start. (Its place in the queue is worked out when printed: gctl.api.queue.)
+    estimated_start_time: datetime | None = None
+    preemptions: int = 0  # attempts stopped by preemption or eviction (not counted as failed)
 
 
 class Job(meta.Resource):

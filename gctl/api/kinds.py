@@ -31,10 +31,13 @@ GPUPOOL = KindInfo("GPUPool", "gpupools", False, ("gpupool", "pool", "pools"), "
 NODE = KindInfo("Node", "nodes", False, ("node", "no"), "gctl.api.node")
 BINDING = KindInfo("Binding", "bindings", True, ("binding",), "gctl.api.binding")
 EVENT = KindInfo("Event", "events", True, ("event", "ev"), "gctl.api.event")
+GPUPROFILE = KindInfo(
+    "GPUProfile", "gpuprofiles", False, ("gpuprofile", "profile", "profiles"), "gctl.api.profile"
+)
 
-ALL: tuple[KindInfo, ...] = (JOB, GPUPOOL, NODE, BINDING, EVENT)
+ALL: tuple[KindInfo, ...] = (JOB, GPUPOOL, GPUPROFILE, NODE, BINDING, EVENT)
 # Kinds a user may apply; Nodes, Bindings and Events are written by the agent and controller.
-APPLIABLE: frozenset[str] = frozenset({JOB.kind, GPUPOOL.kind})
+APPLIABLE: frozenset[str] = frozenset({JOB.kind, GPUPOOL.kind, GPUPROFILE.kind})
 BY_KIND: dict[str, KindInfo] = {info.kind: info for info in ALL}
 _BY_WORD: dict[str, KindInfo] = {
     word: info for info in ALL for word in (*info.aliases, info.kind.lower(), info.plural)

@@ -26,13 +26,40 @@ class GPUInfo(meta.Model):
     memory_used: int | None = None
     utilization: int | None = None
     fake: bool = False
-    processes: list[GPUProcess] = Field(default_factory=list)
+    processes: list[GPUProcess] = Field(default_factory=list)  # not started by gctl
+    # GPUs of this node linked to this one by NVLink or one PCIe switch (NVML topology).
+    peers: list[int] = Field(default_factory=list)
+
+    def foreign_memory(self) -> int:
+        """GPU memory held by processes gctl did not start."""
+        return sum(p.used_memory or 0 for p in self.processes)
 
 
 class NodeSpec(meta.Model):
-    unschedulable: bool = False
+    """Written by `gctl cordon`, `drain` and `uncordon`: cordoned GPUs take no new jobs;
+    draining ones take none either and are Drained once their running jobs ended."""
+
+    unschedulable: bool = False  # the whole node is cordoned
+    draining: bool = False  # the whole node is draining
     cordoned_gpus: list[int] = Field(default_factory=list, alias="cordonedGPUs")
     draining_gpus: list[int] = Field(default_factory=list, alias="drainingGPUs")
+
+    def closed(self, index: int) -> bool:
+        """Whether GPU `index` takes no new work."""
+        return (
+            self.unschedulable
+            or self.draining
+            or index in self.cordoned_gpus
+            or index in self.draining_gpus
+        )
+
+    def gpu_state(self, index: int) -> str | None:
+        """ "Draining" for a draining GPU, "Cordoned" for a cordoned one, else None."""
+        if self.draining or index in self.draining_gpus:
+            return "Draining"
+        if self.unschedulable or index in self.cordoned_gpus:
+            return "Cordoned"
+        return None
 
 
 class NodeStatus(meta.Model):

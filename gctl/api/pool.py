@@ -56,9 +56,20 @@ class PoolSelector(meta.Model):
 
 class GPUPoolSpec(meta.Model):
     selector: PoolSelector = Field(default_factory=PoolSelector)
-    max_jobs_per_gpu: int = Field(default=1, ge=1, le=64, alias="maxJobsPerGPU")
+    # At most this many jobs share one GPU (their fractions still sum to at most 1).
+    max_jobs_per_gpu: int | None = Field(default=None, ge=1, le=64, alias="maxJobsPerGPU")
     allow_fractions: bool = True
     policy: Literal["binpack", "spread"] = "binpack"
+    # A pending Job may stop lower-priority preemptible Jobs when that is the only way it fits.
+    preemption: bool = True
+    # A job may start ahead of a blocked higher one when its deadline ends before that one
+    # could start.
+    backfill: bool = False
+    # GPUs busier than this (as NVML reports them) take no new jobs.
+    max_utilization_percent: int | None = Field(default=None, ge=0, le=100)
+    max_memory_used_percent: int | None = Field(default=None, ge=0, le=100)
+    # Stop a job whose processes use more GPU memory than its gpuMemory (GPUMemoryExceeded).
+    enforce_gpu_memory: bool = Field(default=False, alias="enforceGPUMemory")
 
 
 class GPUPoolStatus(meta.Model):

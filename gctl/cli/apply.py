@@ -117,6 +117,11 @@ def _frozen_field_changed(existing: meta.Resource, desired: meta.Resource) -> st
 
 
 def _first_difference(path: str, old: Any, new: Any) -> str:
+    # An empty mapping is dropped from the wire: `resources` absent is `resources: {}`.
+    if isinstance(old, dict) and new is None:
+        new = {}
+    elif isinstance(new, dict) and old is None:
+        old = {}
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, kinds, selector
-from gctl.cli import printers
+from gctl.api import errors, kinds, queue, selector
+from gctl.cli import printers, views
 from gctl.store import listing, locations
 
 if TYPE_CHECKING:
@@ -142,6 +142,27 @@ def _list(
     return listing.Snapshot(revision, wires)
 
 
+def _number_queue(shown: list[views.Wire], jobs: list[views.Wire]) -> None:
+    """Give the queued Jobs shown their place in their pool's queue, for printing only."""
+    places = queue.positions(jobs)
+    for wire in shown:
+        key = (wire["metadata"].get("namespace", ""), wire["metadata"]["name"])
+        if key in places:
+            wire["status"]["queuePosition"] = places[key]
+
+
+def _with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[views.Wire]:
+    """Nodes and pools as their tables show them: with what the Bindings and Jobs say."""
+    if not wires or kind not in (kinds.NODE.kind, kinds.GPUPOOL.kind):
+        return wires
+    bindings = _list(db_url, kinds.BINDING, None, None).wires
+    if kind == kinds.NODE.kind:
+        return views.with_node_views(wires, bindings)
+    nodes = _list(db_url, kinds.NODE, None, None).wires
+    jobs = _list(db_url, kinds.JOB, None, None).wires
+    return views.with_pool_views(wires, nodes, bindings, jobs)
+
+
 def get(
     *,
     resource: str,
@@ -173,6 +194,13 @@ def get(
             show_labels=show_labels,
         )
     following = watch or watch_only
+    if table is not None:
+        if info is kinds.JOB and output == "wide":
+            whole = where is None and not names and label_selector is None
+            _number_queue(wires, wires if whole else _list(db_url, kinds.JOB, None, None).wires)
+        if info is kinds.GPUPOOL and not names and label_selector is None:
+            wires = views.with_implicit_default(wires)
+        wires = _with_views(db_url, info.kind, wires)
     if not watch_only:
         if wires or (output in ("yaml", "json") and not names):
             # Like kubectl: -o yaml|json of nothing is an empty List, which tools can read.
@@ -188,6 +216,7 @@ def get(
 
         sys.stdout.flush()
         _watch(
+            db_url=db_url,
             database=db.Database.open(db_url),
             kind=info.kind,
             revision=snapshot.revision,
@@ -201,6 +230,7 @@ def get(
 
 def _watch(
     *,
+    db_url: str | None,
     database: db.Database,
     kind: str,
     revision: int,
@@ -228,6 +258,7 @@ def _watch(
                 continue
             if table is not None:
                 header = table.widths is None
+                wires = _with_views(db_url, kind, wires)
                 lines = table.lines(wires, datetime.now(UTC), header=header)
                 sys.stdout.write("".join(line + "\n" for line in lines))
             elif output == "name":
@@ -261,10 +292,11 @@ def describe(*, resource: str, names: list[str], namespace: str | None, db_url: 
         if not wires:
             _no_resources(info, where)
             return
-        texts = [
-            describing.render(wire, reader.events_for(cls.model_validate(wire)), datetime.now(UTC))
-            for wire in wires
-        ]
+        events = [reader.events_for(cls.model_validate(wire)) for wire in wires]
+        if info is kinds.JOB and any(queue.queued(w) for w in wires):
+            _number_queue(wires, reader.pending_wires())
+        now = datetime.now(UTC)
+        texts = [describing.render(w, found, now) for w, found in zip(wires, events, strict=True)]
     sys.stdout.write("\n\n".join(texts))
 
 

@@ -80,6 +80,8 @@ def render(wire: dict[str, Any], events: list[event.Event], now: datetime) -> st
         head["Deleting Since"] = metadata["deletionTimestamp"]
     if "namespace" not in metadata:
         del head["Namespace"]
+    if wire["kind"] == "Job":
+        head |= _queue(wire, now)
     lines = [f"{key + ':':<14}{_scalar(value)}" for key, value in head.items()]
     lines.append("Spec:")
     lines.extend(_tree(wire["spec"], 1))
@@ -105,6 +107,28 @@ def render(wire: dict[str, Any], events: list[event.Event], now: datetime) -> st
         rows = [_event_row(e, now) for e in events]
         lines.extend(_table(["Type", "Reason", "Age", "From", "Message"], rows))
     return "\n".join(lines) + "\n"
+
+
+def _queue(wire: dict[str, Any], now: datetime) -> dict[str, str]:
+    """Why a pending Job waits and for how long (as the scheduler last said), and how often
+    it was preempted or evicted."""
+    status = wire["status"]
+    found: dict[str, str] = {}
+    if status.get("phase", "Pending") == "Pending":
+        conditions = status.get("conditions", [])
+        scheduled = next((c for c in conditions if c["type"] == "Scheduled"), None)
+        if scheduled is not None and scheduled["status"] == "False":
+            reason, message = scheduled.get("reason", ""), scheduled.get("message", "")
+            found["Waiting"] = f"{reason}: {message}" if reason and message else reason or message
+        if (position := status.get("queuePosition")) is not None:
+            pool = wire["spec"].get("pool") or "default"
+            found["Queue"] = f"position {position} in pool {pool}"
+        if eta := status.get("estimatedStartTime"):
+            when = printers.until(eta, now)
+            found["Starts"] = f"{eta} ({when})" if when == "now" else f"{eta} (in {when})"
+    if preemptions := status.get("preemptions"):
+        found["Preemptions"] = f"{preemptions} (requeued each time, not counted as failures)"
+    return {key: value for key, value in found.items() if value}
 
 
 def _event_row(e: event.Event, now: datetime) -> list[str]:

@@ -140,7 +140,10 @@ GPU_WORDS = ("gpus", "gpu")
 @app.command()
 def get(
     resource: Annotated[
-        str, typer.Argument(help="jobs, pools, nodes, bindings, events, gpus; or KIND/NAME.")
+        str,
+        typer.Argument(
+            help="jobs, pools, gpuprofiles, nodes, bindings, events, gpus; or KIND/NAME."
+        ),
     ],
     names: Annotated[list[str] | None, typer.Argument(help="Names to show.")] = None,
     output: OutputOpt = "",
@@ -286,6 +289,10 @@ def run(
     gpu_memory: Annotated[
         str | None, typer.Option("--gpu-memory", help="Memory needed on each GPU, e.g. 24Gi.")
     ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", help="A GPUProfile for what --gpus and --gpu-memory leave out."),
+    ] = None,
     priority: Annotated[str | None, typer.Option("--priority", help="Higher runs first.")] = None,
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE in the environment (repeatable).")
@@ -312,6 +319,7 @@ def run(
         namespace=namespace,
         gpus=gpus,
         gpu_memory=gpu_memory,
+        profile=profile,
         priority=priority,
         env=env or [],
         pool=pool,
@@ -348,6 +356,73 @@ def wait(
         namespace=namespace,
         db_url=db,
     )
+
+
+TargetsArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="gpuN (on the only node, or --node), NODE/gpuN, or node NAME...",
+        metavar="TARGET...",
+        show_default=False,
+    ),
+]
+NodeFlagOpt = Annotated[
+    str | None, typer.Option("--node", help="The node of a bare gpuN when there are several.")
+]
+
+
+@app.command()
+def cordon(targets: TargetsArg, node: NodeFlagOpt = None, db: DbOpt = None) -> None:
+    """Start no new jobs on GPUs or a node; running jobs go on.
+
+    Targets: gpu0 (GPU 0 of the only node, or of --node), box2/gpu1, node box2.
+    """
+    from gctl.cli import draining
+
+    draining.cordon(words=targets, node_flag=node, db_url=db)
+
+
+@app.command()
+def drain(
+    targets: TargetsArg,
+    node: NodeFlagOpt = None,
+    evict: Annotated[
+        bool,
+        typer.Option(
+            "--evict", help="Stop the jobs there now; they go back to the queue, not failed."
+        ),
+    ] = False,
+    wait_: Annotated[
+        bool, typer.Option("--wait", help="Return once no job is left there.")
+    ] = False,
+    timeout: Annotated[
+        str | None,
+        typer.Option("--timeout", help="With --wait: give up after 30s, 10m, 1h (default: never)."),
+    ] = None,
+    db: DbOpt = None,
+) -> None:
+    """Let the jobs on GPUs or a node finish and start no new ones, as Slurm drains.
+
+    The target shows Draining, then Drained once no job is left. With --evict the jobs are
+    stopped now and go back to the queue (not counted as failures). Targets: gpu0 (GPU 0 of
+    the only node, or of --node), box2/gpu1, node box2.
+    """
+    from gctl.cli import draining
+
+    draining.drain(
+        words=targets, node_flag=node, evicting=evict, wait=wait_, timeout=timeout, db_url=db
+    )
+
+
+@app.command()
+def uncordon(targets: TargetsArg, node: NodeFlagOpt = None, db: DbOpt = None) -> None:
+    """Open GPUs or a node to new jobs again: clears cordon and drain.
+
+    Targets: gpu0 (GPU 0 of the only node, or of --node), box2/gpu1, node box2.
+    """
+    from gctl.cli import draining
+
+    draining.uncordon(words=targets, node_flag=node, db_url=db)
 
 
 controller_app = typer.Typer(

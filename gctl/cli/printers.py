@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gctl.api import kinds, quantity
+from gctl.cli import views
 
 Wire = dict[str, Any]
 Column = tuple[str, Callable[[Wire, datetime], str]]
@@ -71,9 +72,34 @@ def _job_status(w: Wire, _now: datetime) -> str:
 
 def _job_gpus(w: Wire, _now: datetime) -> str:
     resources = w["spec"].get("resources", {})
-    text = quantity.format_gpus(float(resources.get("gpus", 1)))
+    if "gpus" not in resources and resources.get("profile"):
+        text = str(resources["profile"])  # the count comes from the GPUProfile
+    else:
+        text = quantity.format_gpus(float(resources.get("gpus", 1)))
     memory = resources.get("gpuMemory")
     return f"{text}x{memory}" if memory else text
+
+
+def _pending(read: Callable[[Wire, datetime], str]) -> Callable[[Wire, datetime], str]:
+    """A column that only means something while the Job waits in its queue."""
+
+    def pending_only(w: Wire, now: datetime) -> str:
+        return read(w, now) if w["status"].get("phase", "Pending") == "Pending" else NONE
+
+    return pending_only
+
+
+def until(text: str | None, now: datetime) -> str:
+    """How long until a moment: `12m`; `now` once it has passed."""
+    moment = parse_time(text)
+    if moment is None:
+        return NONE
+    seconds = (moment - now).total_seconds()
+    return "now" if seconds < 1 else human_duration(seconds)
+
+
+def _job_eta(w: Wire, now: datetime) -> str:
+    return until(w["status"].get("estimatedStartTime"), now)
 
 
 def _field(*path: str, default: str = NONE) -> Callable[[Wire, datetime], str]:
@@ -104,10 +130,20 @@ def _pool_selector(w: Wire, _now: datetime) -> str:
     return " ".join(parts) or "<all>"
 
 
+def _view(key: str) -> Callable[[Wire, datetime], str]:
+    """A cell from what `views` worked out for the object (absent: `-o` of a watch)."""
+
+    def read(w: Wire, _now: datetime) -> str:
+        value = w.get(views.VIEW, {}).get(key)
+        return NONE if value is None else str(value)
+
+    return read
+
+
 def _node_status(w: Wire, _now: datetime) -> str:
-    ready = next((c for c in w["status"].get("conditions", []) if c["type"] == "Ready"), None)
-    text = "Unknown" if ready is None else ("Ready" if ready["status"] == "True" else "NotReady")
-    return text + (",SchedulingDisabled" if w["spec"].get("unschedulable") else "")
+    if views.VIEW in w:
+        return str(w[views.VIEW]["status"])
+    return views.node_status(w, busy=None)
 
 
 def _node_gpus(w: Wire, _now: datetime) -> str:
@@ -119,6 +155,16 @@ def _node_gpus(w: Wire, _now: datetime) -> str:
 def _node_model(w: Wire, _now: datetime) -> str:
     models = sorted({g.get("model", "?") for g in w["status"].get("gpus", [])})
     return ",".join(models) or NONE
+
+
+_DESCRIPTION_WIDTH = 52  # so that a profile's row fits 100 columns; -o yaml shows it whole
+
+
+def _description(w: Wire, _now: datetime) -> str:
+    text = " ".join(str(w["spec"].get("description", "")).split())
+    if len(text) > _DESCRIPTION_WIDTH:
+        text = text[: _DESCRIPTION_WIDTH - 3].rstrip() + "..."
+    return text or NONE
 
 
 def _event_object(w: Wire, _now: datetime) -> str:
@@ -155,18 +201,38 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             ("GPU-IDS", _field("status", "gpus")),
             ("ATTEMPTS", _field("status", "attempts", default="0")),
             ("EXIT", _field("status", "exitCode")),
+            ("POS", _pending(_field("status", "queuePosition"))),
+            ("ETA", _pending(_job_eta)),
             ("REASON", _field("status", "reason")),
         ],
     ),
     "GPUPool": (
         [
             _NAME,
+            ("GPUS", _view("gpus")),
+            ("ALLOCATED", _view("allocated")),
+            ("RUNNING", _view("running")),
+            ("QUEUED", _view("queued")),
             ("POLICY", _field("spec", "policy", default="binpack")),
-            ("JOBS/GPU", _field("spec", "maxJobsPerGPU", default="1")),
-            ("FRACTIONS", _field("spec", "allowFractions", default="True")),
             _AGE,
         ],
-        [("SELECTOR", _pool_selector)],
+        [
+            ("JOBS/GPU", _field("spec", "maxJobsPerGPU")),  # none: as many as fractions allow
+            ("FRACTIONS", _field("spec", "allowFractions", default="True")),
+            ("PREEMPTION", _field("spec", "preemption", default="True")),
+            ("BACKFILL", _field("spec", "backfill", default="False")),
+            ("SELECTOR", _pool_selector),
+        ],
+    ),
+    "GPUProfile": (
+        [
+            _NAME,
+            ("GPUS", _field("spec", "gpus", default="1")),
+            ("MEMORY", _field("spec", "gpuMemory")),
+            ("MODEL", _field("spec", "gpuModel")),
+            ("DESCRIPTION", _description),
+        ],
+        [_AGE],
     ),
     "Node": (
         [_NAME, ("STATUS", _node_status), ("GPUS", _node_gpus), ("MODEL", _node_model), _AGE],
@@ -199,73 +265,9 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
 }
 
 
-# -- gpus: a view of Nodes and the Bindings on them, not a stored kind ------------------------
+# -- gpus: rows of views.gpu_rows(), a view of Nodes and Bindings, not a stored kind -------
 
-_HOLDING = ("Pending", "Running")  # Binding phases that hold GPUs (binding.ACTIVE_PHASES)
 _VENDOR = "NVIDIA "  # dropped in tables: every NVIDIA model name starts with it; width is scarce
-
-
-def _node_ready(node: Wire) -> bool:
-    conditions = node["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _gpu_state(node: Wire, index: int) -> str:
-    spec = node["spec"]
-    if not _node_ready(node):
-        return "NotReady"
-    if index in spec.get("drainingGPUs", []):
-        return "Draining"
-    if spec.get("unschedulable") or index in spec.get("cordonedGPUs", []):
-        return "Cordoned"
-    return "Ready"
-
-
-def gpu_rows(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
-    """One mapping per GPU of every Node: what it is, how full, which jobs hold it (from the
-    Bindings that are Pending or Running), its state, and the processes gctl did not start."""
-    holders: dict[tuple[str, int], list[Wire]] = {}
-    job_pids: set[tuple[str, int]] = set()
-    for bound in bindings:
-        spec, status = bound["spec"], bound["status"]
-        phase = status.get("phase", "Pending")
-        if phase not in _HOLDING:
-            continue
-        if phase == "Running" and status.get("pid") is not None:
-            job_pids.add((spec["node"], int(status["pid"])))
-        holder = {
-            "namespace": bound["metadata"].get("namespace", kinds.DEFAULT_NAMESPACE),
-            "name": spec["jobName"],
-            "share": spec.get("gpuShare", 1.0),
-        }
-        for index in spec.get("gpus", []):
-            holders.setdefault((spec["node"], index), []).append(holder)
-    rows = []
-    for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
-        name = node["metadata"]["name"]
-        for gpu in sorted(node["status"].get("gpus", []), key=lambda g: int(g["index"])):
-            index = int(gpu["index"])
-            foreign = [
-                {"pid": p["pid"], "usedMemory": p.get("usedMemory")}
-                for p in gpu.get("processes", [])
-                if (name, int(p["pid"])) not in job_pids
-            ]
-            jobs = sorted(holders.get((name, index), []), key=lambda h: (h["namespace"], h["name"]))
-            rows.append(
-                {
-                    "node": name,
-                    "index": index,
-                    "uuid": gpu.get("uuid"),
-                    "model": gpu.get("model"),
-                    "memoryUsed": gpu.get("memoryUsed"),
-                    "memoryTotal": gpu.get("memoryTotal"),
-                    "utilization": gpu.get("utilization"),
-                    "status": _gpu_state(node, index),
-                    "jobs": jobs,
-                    "foreignProcesses": foreign,
-                }
-            )
-    return rows
 
 
 def _bytes(value: int | None) -> str:
@@ -273,9 +275,14 @@ def _bytes(value: int | None) -> str:
 
 
 def _gpu_memory(row: Wire, _now: datetime) -> str:
+    """`79.3/80Gi`: used and total, the unit said once when both share it."""
     if row["memoryUsed"] is None and row["memoryTotal"] is None:
         return NONE
-    return f"{_bytes(row['memoryUsed'])}/{_bytes(row['memoryTotal'])}"
+    used, total = _bytes(row["memoryUsed"]), _bytes(row["memoryTotal"])
+    unit = total.lstrip("0123456789.")
+    if unit and used.endswith(unit) and used[: -len(unit)].replace(".", "").isdigit():
+        used = used[: -len(unit)]
+    return f"{used}/{total}"
 
 
 def _gpu_model(row: Wire, _now: datetime) -> str:
@@ -287,6 +294,9 @@ def _gpu_util(row: Wire, _now: datetime) -> str:
     return NONE if row["utilization"] is None else f"{row['utilization']}%"
 
 
+_JOBS_WIDTH = 24  # names past this show as +N, so that a shared GPU's row fits 100 columns
+
+
 def _gpu_jobs(row: Wire, _now: datetime) -> str:
     names = []
     for holder in row["jobs"]:
@@ -295,20 +305,31 @@ def _gpu_jobs(row: Wire, _now: datetime) -> str:
             name = f"{holder['namespace']}/{name}"
         share = float(holder["share"])
         names.append(f"{name}({share:g})" if 0 < share < 1 else name)
-    return ",".join(names) or NONE
+    shown = names[:1]
+    for name in names[1:]:
+        rest = len(names) - len(shown) - 1
+        more = f",+{rest}" if rest else ""
+        if len(",".join([*shown, name])) + len(more) > _JOBS_WIDTH:
+            break
+        shown.append(name)
+    hidden = len(names) - len(shown)
+    return ",".join(shown) + (f",+{hidden}" if hidden else "") or NONE
 
 
-def _gpu_foreign(row: Wire, _now: datetime) -> str:
+def _gpu_other(row: Wire, _now: datetime) -> str:
+    """GPU memory held by processes gctl did not start; `?` when NVML cannot tell."""
     processes = row["foreignProcesses"]
     if not processes:
         return NONE
     known = [p["usedMemory"] for p in processes if p["usedMemory"] is not None]
-    if not known:
-        return f"{len(processes)} proc"
-    return quantity.format_bytes(sum(known))
+    return quantity.format_bytes(sum(known)) if known else "?"
 
 
-GPU_VIEW = "GPU"  # the key of the gpus table in COLUMNS; rows come from gpu_rows()
+def _gpu_other_pids(row: Wire, _now: datetime) -> str:
+    return ",".join(str(p["pid"]) for p in row["foreignProcesses"]) or NONE
+
+
+GPU_VIEW = "GPU"  # the key of the gpus table in COLUMNS; rows come from views.gpu_rows()
 COLUMNS[GPU_VIEW] = (
     [
         ("NODE", _field("node")),
@@ -317,9 +338,10 @@ COLUMNS[GPU_VIEW] = (
         ("MEMORY", _gpu_memory),
         ("UTIL", _gpu_util),
         ("JOBS", _gpu_jobs),
+        ("OTHER", _gpu_other),  # memory of processes gctl did not start
         ("STATUS", _field("status")),
     ],
-    [("UUID", _field("uuid")), ("FOREIGN", _gpu_foreign)],
+    [("UUID", _field("uuid")), ("OTHER-PIDS", _gpu_other_pids)],
 )
 
 

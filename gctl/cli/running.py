@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, selector
-from gctl.cli import following, printers
+from gctl.cli import following, printers, views
 
 if TYPE_CHECKING:
     from gctl.api import binding, job
@@ -122,6 +122,7 @@ def run(
     namespace: str | None,
     gpus: str | None,
     gpu_memory: str | None,
+    profile: str | None,
     priority: str | None,
     env: list[str],
     pool: str | None,
@@ -137,7 +138,11 @@ def run(
     spec: dict[str, Any] = {"command": command, "workingDir": os.getcwd()}
     resources = {
         key: value
-        for key, value in (("gpus", _number(gpus)), ("gpuMemory", gpu_memory))
+        for key, value in (
+            ("gpus", _number(gpus)),
+            ("gpuMemory", gpu_memory),
+            ("profile", profile),
+        )
         if value is not None
     }
     if resources:
@@ -510,7 +515,7 @@ def get_gpus(
             w for w in node_wires if label_selector.matches(w["metadata"].get("labels", {}))
         ]
     bindings = commands._list(db_url, kinds.BINDING, None, None).wires
-    rows = printers.gpu_rows(node_wires, bindings)
+    rows = views.gpu_rows(node_wires, bindings)
     if output in ("yaml", "json"):
         text = printers.dump_yaml(rows) if output == "yaml" else printers.dump_json(rows) + "\n"
         sys.stdout.write(text)

@@ -1,11 +1,12 @@
 """Facts about the schema that code without SQLAlchemy needs: its version and table names."""
 
 # The newest migration; the Store upgrades a database whose alembic_version differs.
-HEAD = "0001"
+HEAD = "0002"
 
 TABLES: dict[str, str] = {
     "Job": "jobs",
     "GPUPool": "gpupools",
+    "GPUProfile": "gpuprofiles",
     "Node": "nodes",
     "Binding": "bindings",
     "Event": "events",

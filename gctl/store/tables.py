@@ -107,6 +107,11 @@ class GPUPoolRow(ObjectRow, Base):
     __table_args__ = (Index("uq_gpupools_namespace_name", "namespace", "name", unique=True),)
 
 
+class GPUProfileRow(ObjectRow, Base):
+    __tablename__ = schema.TABLES["GPUProfile"]
+    __table_args__ = (Index("uq_gpuprofiles_namespace_name", "namespace", "name", unique=True),)
+
+
 class NodeRow(ObjectRow, Base):
     __tablename__ = schema.TABLES["Node"]
     __table_args__ = (Index("uq_nodes_namespace_name", "namespace", "name", unique=True),)
@@ -177,6 +182,7 @@ def table_of(kind: str) -> Table:
 ROWS: dict[str, type[ObjectRow]] = {
     "Job": JobRow,
     "GPUPool": GPUPoolRow,
+    "GPUProfile": GPUProfileRow,
     "Node": NodeRow,
     "Binding": BindingRow,
     "Event": EventRow,

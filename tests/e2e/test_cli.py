@@ -35,7 +35,7 @@ GCTL_BIN = str(Path(sys.executable).parent / "gctl")
 WAIT_SECONDS = 10.0  # how long a watcher may take to print a change
 
 JOB_COLUMNS = ["NAME", "STATUS", "GPUS", "POOL", "PRIORITY", "AGE"]
-WIDE_COLUMNS = ["NODE", "GPU-IDS", "ATTEMPTS", "EXIT", "REASON"]
+WIDE_COLUMNS = ["NODE", "GPU-IDS", "ATTEMPTS", "EXIT", "POS", "ETA", "REASON"]
 # The examples' jobs as `get jobs` shows them: NAME STATUS GPUS POOL PRIORITY (AGE varies).
 EXAMPLE_ROWS = {
     "eval-a": ["eval-a", "Pending", "0.5x8Gi", "default", "10"],
@@ -258,7 +258,11 @@ def test_get_jobs_table(
         assert row[:5] == EXAMPLE_ROWS[row[0]]
         assert re.fullmatch(r"\d+s", row[5]), row
         if "wide" in argv:
-            assert row[6:] == ["<none>", "<none>", "0", "<none>", "<none>"]
+            assert row[6:10] + row[11:] == ["<none>", "<none>", "0", "<none>", "<none>", "<none>"]
+    if "wide" in argv:  # all wait in the default pool: priority 10 first
+        places = {row[0]: int(row[10]) for row in rows}
+        assert sorted(places.values()) == list(range(1, len(rows) + 1))
+        assert {places["eval-a"], places["eval-b"]} == {1, 2}
     if "wide" not in argv:
         assert max(len(line) for line in out.splitlines()) <= 100
 
@@ -1031,3 +1035,59 @@ def test_racing_first_use_migrates_once(
 
     expected = ("", "No resources found in default namespace.\n", 0)
     assert outputs == [expected] * len(processes)
+
+
+# -- cordon, drain and the views of nodes and pools start light -------------------------------
+
+
+@pytest.mark.parametrize("verb", ["cordon", "drain", "uncordon"])
+def test_drain_commands_help_imports_nothing_heavy(tmp_path: Path, verb: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(argv=[verb, "--help"], heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    *printed, last = done.stdout.splitlines()
+    assert "TARGET" in "\n".join(printed)
+    assert last == "HEAVY="
+
+
+@pytest.mark.parametrize("resource", ["nodes", "pools", "gpus", "gpuprofiles"])
+def test_views_of_nodes_and_pools_read_without_validating(tmp_path: Path, resource: str) -> None:
+    """`get nodes` and `get pools` also read Bindings and Jobs; still through the driver alone."""
+    url = str(tmp_path / "gctl.db")
+    database = db.Database.open(url)
+    try:
+        seed(database, make_job("a"))
+        with database.write() as session:
+            store.Store(session).create(
+                pool.GPUPool.model_validate(
+                    {"metadata": {"name": "p"}, "spec": {"selector": {"gpus": [0, 1]}}}
+                )
+            )
+    finally:
+        database.close()
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(argv=["get", resource], heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "GCTL_DB": url},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "HEAVY="
+
+
+def test_run_with_a_profile(gctl: Gctl, database: db.Database) -> None:
+    out = gctl.ok("run", "--name", "serve", "--profile", "qwen2.5-7b-inst", "--", "true")
+
+    assert out == "job.gctl/serve created\n"
+    assert stored(database)["serve"]["spec"]["resources"] == {"profile": "qwen2.5-7b-inst"}
+    _, rows = table(gctl.ok("get", "jobs"))
+    assert rows[0][:3] == ["serve", "Pending", "qwen2.5-7b-inst"]

@@ -46,7 +46,14 @@ class Cluster:
             "0.2",
         )
 
-    def agent(self, name: str = "n1", gpus: int = 2, fence: float = 8) -> subprocess.Popen[bytes]:
+    def agent(
+        self,
+        name: str = "n1",
+        gpus: int = 2,
+        fence: float = 8,
+        grace: float = 1,
+        heartbeat: float = 0.5,
+    ) -> subprocess.Popen[bytes]:
         return self._start(
             name,
             "agent",
@@ -58,9 +65,9 @@ class Cluster:
             "--state-dir",
             str(self.tmp / f"state-{name}"),
             "--heartbeat",
-            "0.5",
+            str(heartbeat),
             "--grace-period",
-            "1",
+            str(grace),
             "--fence-after",
             str(fence),
         )

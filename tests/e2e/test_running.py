@@ -307,7 +307,7 @@ def test_get_gpus_shows_the_jobs_on_each_gpu(
     out = gctl.ok("get", "gpus")
 
     header, *rows = [line.split() for line in out.splitlines()]
-    assert header == ["NODE", "GPU", "MODEL", "MEMORY", "UTIL", "JOBS", "STATUS"]
+    assert header == ["NODE", "GPU", "MODEL", "MEMORY", "UTIL", "JOBS", "OTHER", "STATUS"]
     assert len(rows) == 2
     assert [row[-1] for row in rows] == ["Ready", "Ready"]
     assert sum("holder" in row for row in rows) == 1
@@ -353,7 +353,7 @@ def _binding(job_name: str, node_name: str, gpus: list[int], share: float, pid: 
 
 @SQLITE_ONLY
 def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Database) -> None:
-    """Two nodes of two A100s each, as agents report them: shared, cordoned and draining GPUs,
+    """Two nodes of two A100s each, as agents report them: shared, cordoned and drained GPUs,
     and a process gctl did not start."""
     notebook = node.GPUProcess(pid=4242, used_memory=3 * 2**30)
     ours = node.GPUProcess(pid=100, used_memory=20 * 2**30)
@@ -375,15 +375,15 @@ def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Databas
     assert max(len(line) for line in out.splitlines()) <= 100, out
     rows = [line.split()[:2] + line.split()[3:] for line in out.splitlines()[1:]]
     assert rows == [
-        ["gpu-node-01", "0", "79.3Gi/80Gi", "97%", "train-small", "Ready"],
-        ["gpu-node-01", "1", "3.2Gi/80Gi", "97%", "eval-a(0.5),eval-b(0.5)", "Ready"],
-        ["gpu-node-02", "0", "0/80Gi", "97%", "<none>", "Cordoned"],
-        ["gpu-node-02", "1", "40Gi/80Gi", "97%", "<none>", "Draining"],
+        ["gpu-node-01", "0", "79.3/80Gi", "97%", "train-small", "3Gi", "Ready"],
+        ["gpu-node-01", "1", "3.2/80Gi", "97%", "eval-a(0.5),eval-b(0.5)", "<none>", "Ready"],
+        ["gpu-node-02", "0", "0/80Gi", "97%", "<none>", "<none>", "Cordoned"],
+        ["gpu-node-02", "1", "40/80Gi", "97%", "<none>", "<none>", "Drained"],
     ]
     assert all(line.split()[2] == "A100-SXM4-80GB" for line in out.splitlines()[1:])
     wide_rows = [line.split() for line in wide.splitlines()]
-    assert wide_rows[0][-2:] == ["UUID", "FOREIGN"]
-    assert [row[-1] for row in wide_rows[1:]] == ["3Gi", "<none>", "<none>", "<none>"]
+    assert wide_rows[0][-2:] == ["UUID", "OTHER-PIDS"]
+    assert [row[-1] for row in wide_rows[1:]] == ["4242", "<none>", "<none>", "<none>"]
     listed = yaml.safe_load(gctl.ok("get", "gpus", "-o", "yaml"))
     assert listed[0]["foreignProcesses"] == [{"pid": 4242, "usedMemory": 3 * 2**30}]
     assert listed[1]["model"] == "NVIDIA A100-SXM4-80GB"

@@ -1,11 +1,14 @@
-"""First-fit placement over plain snapshots: no database, no processes."""
+"""Placement over plain snapshots: no database, no processes."""
+
+from datetime import UTC, datetime
 
 import pytest
 
 from controller import placement
-from controller.placement import GPU, Request, Snapshot, Usage
+from controller.placement import GPU, Allocation, Node, Request, Snapshot
 
 GI = 2**30
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def cluster(*nodes: tuple[str, int, str, int]) -> Snapshot:
@@ -15,46 +18,60 @@ def cluster(*nodes: tuple[str, int, str, int]) -> Snapshot:
         for name, count, model, memory in nodes
         for i in range(count)
     ]
-    return Snapshot(gpus=gpus, nodes=[n[0] for n in nodes])
+    return Snapshot(nodes=[Node(n[0]) for n in nodes], gpus=gpus)
 
 
 def req(name: str, gpus: float, **extra: object) -> Request:
     return Request("default", name, gpus, **extra)  # type: ignore[arg-type]
 
 
-def where(placed: list[placement.Placement]) -> dict[str, tuple[str, tuple[int, ...]]]:
-    return {p.request.name: (p.node, p.gpus) for p in placed}
+def where(result: placement.Plan) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {
+        d.request.name: (d.placement.node, d.placement.gpus)
+        for d in result.decisions
+        if d.placement is not None
+    }
 
 
 def test_whole_gpus_stay_on_one_node() -> None:
-    snapshot = cluster(("a", 2, "A100", 80), ("b", 4, "A100", 80))
-    placed = placement.place(snapshot, [req("big", 3), req("two", 2), req("one", 1)])
-    assert where(placed) == {"big": ("b", (0, 1, 2)), "two": ("a", (0, 1)), "one": ("b", (3,))}
+    result = placement.plan(
+        cluster(("a", 2, "A100", 80), ("b", 4, "A100", 80)),
+        [req("big", 3), req("two", 2), req("one", 1)],
+        T0,
+    )
+    assert where(result) == {"big": ("b", (0, 1, 2)), "two": ("a", (0, 1)), "one": ("b", (3,))}
 
 
 def test_nothing_fits_when_no_node_has_enough() -> None:
-    assert (
-        placement.place(cluster(("a", 2, "A100", 80), ("b", 2, "A100", 80)), [req("big", 3)]) == []
+    result = placement.plan(
+        cluster(("a", 2, "A100", 80), ("b", 2, "A100", 80)), [req("big", 3)], T0
     )
+    (decision,) = result.decisions
+    assert decision.placement is None
+    assert decision.reason == "Unschedulable"
+    assert decision.message == "4/4 GPUs fit, but no node has 3 of them"
 
 
 def test_fractions_share_a_gpu_up_to_one() -> None:
-    snapshot = cluster(("a", 1, "A100", 80))
-    placed = placement.place(snapshot, [req("h1", 0.5), req("h2", 0.5), req("h3", 0.5)])
-    assert where(placed) == {"h1": ("a", (0,)), "h2": ("a", (0,))}
-    assert snapshot.usage[("a", 0)] == Usage(share=1.0, jobs=2)
+    result = placement.plan(
+        cluster(("a", 1, "A100", 80)), [req("h1", 0.5), req("h2", 0.5), req("h3", 0.5)], T0
+    )
+    assert where(result) == {"h1": ("a", (0,)), "h2": ("a", (0,))}
+    assert result.decisions[2].message == "0/1 GPUs fit: 1 too full for 0.5 GPU"
 
 
 def test_thirds_fit_despite_rounding() -> None:
-    placed = placement.place(cluster(("a", 1, "A100", 80)), [req(f"t{i}", 1 / 3) for i in range(3)])
-    assert len(placed) == 3
+    result = placement.plan(
+        cluster(("a", 1, "A100", 80)), [req(f"t{i}", 1 / 3) for i in range(3)], T0
+    )
+    assert len(where(result)) == 3
 
 
 def test_whole_gpu_does_not_take_a_shared_one_and_fraction_skips_a_full_one() -> None:
     snapshot = cluster(("a", 2, "A100", 80))
-    snapshot.usage[("a", 0)] = Usage(share=0.25, jobs=1)
-    placed = placement.place(snapshot, [req("whole", 1), req("quarter", 0.5)])
-    assert where(placed) == {"whole": ("a", (1,)), "quarter": ("a", (0,))}
+    snapshot.allocations = [Allocation("default", "old", "old-1", "a", (0,), share=0.25)]
+    result = placement.plan(snapshot, [req("whole", 1), req("quarter", 0.5)], T0)
+    assert where(result) == {"whole": ("a", (1,)), "quarter": ("a", (0,))}
 
 
 @pytest.mark.parametrize(
@@ -74,19 +91,38 @@ def test_constraints(
     extra: dict[str, object], expected: tuple[str, tuple[int, ...]] | None
 ) -> None:
     snapshot = cluster(("a", 2, "A100", 40), ("b", 2, "NVIDIA H100 80GB HBM3", 80))
-    placed = placement.place(snapshot, [req("j", 1, **extra)])
-    assert (where(placed).get("j")) == expected
+    result = placement.plan(snapshot, [req("j", 1, **extra)], T0)
+    assert where(result).get("j") == expected
 
 
 def test_cpu_only_jobs_need_a_node_but_no_gpu() -> None:
     snapshot = cluster(("a", 1, "A100", 80))
-    snapshot.usage[("a", 0)] = Usage(share=1.0, jobs=1)
-    (placed,) = placement.place(snapshot, [req("collect", 0)])
-    assert (placed.node, placed.gpus, placed.share) == ("a", (), 0.0)
-    assert placement.place(Snapshot(gpus=[], nodes=[]), [req("collect", 0)]) == []
+    snapshot.allocations = [Allocation("default", "busy", "busy-1", "a", (0,))]
+    (decision,) = placement.plan(snapshot, [req("collect", 0)], T0).decisions
+    assert decision.placement is not None
+    assert (decision.placement.node, decision.placement.gpus, decision.placement.share) == (
+        "a",
+        (),
+        0.0,
+    )
+    (nowhere,) = placement.plan(Snapshot(nodes=[], gpus=[]), [req("collect", 0)], T0).decisions
+    assert (nowhere.placement, nowhere.message) == (None, "0/0 nodes fit")
 
 
-def test_queue_order_is_respected_but_a_blocked_job_does_not_block_others() -> None:
-    snapshot = cluster(("a", 2, "A100", 80))
-    placed = placement.place(snapshot, [req("first", 1), req("huge", 4), req("second", 1)])
-    assert [p.request.name for p in placed] == ["first", "second"]
+def test_queue_order_is_respected_but_a_job_that_can_never_fit_does_not_block_others() -> None:
+    result = placement.plan(
+        cluster(("a", 2, "A100", 80)), [req("first", 1), req("huge", 4), req("second", 1)], T0
+    )
+    assert [d.request.name for d in result.decisions if d.placement] == ["first", "second"]
+
+
+def test_queue_order_is_priority_then_submission_then_name() -> None:
+    early, late = T0, T0.replace(hour=1)
+    requests = [
+        req("c-late", 1, created=late),
+        req("b-early", 1, created=early),
+        req("a-late", 1, created=late),
+        req("z-urgent", 1, created=late, priority=5),
+    ]
+    result = placement.plan(cluster(("a", 4, "A100", 80)), requests, T0)
+    assert [d.request.name for d in result.decisions] == ["z-urgent", "b-early", "a-late", "c-late"]

@@ -57,7 +57,7 @@ def test_editable_fields_configure(phase: str) -> None:
         (lambda b: b.command("python", "other.py"), "spec.command"),
         (lambda b: b.gpus(2), "spec.resources.gpus"),
         (lambda b: b.memory("8Gi"), "spec.resources.gpuMemory"),
-        (lambda b: b.on("node1"), "spec.placement"),
+        (lambda b: b.on("node1"), "spec.placement.node"),
     ],
 )
 def test_started_job_refuses_frozen_fields_and_names_them(change, field: str) -> None:  # type: ignore[no-untyped-def]

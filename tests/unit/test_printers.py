@@ -64,3 +64,261 @@ def test_watch_rows_keep_the_first_widths() -> None:
     later = table.lines([_job("b", phase="Running")], NOW, header=False)
     assert len(later) == 1
     assert first[1].index("Pending") == later[0].index("Running")
+
+
+# -- views: GPU and node states, pools -------------------------------------------------------
+
+from typing import Any  # noqa: E402
+
+from gctl.cli import views  # noqa: E402
+
+
+def _node(
+    name: str,
+    gpus: int = 2,
+    ready: bool = True,
+    labels: dict[str, str] | None = None,
+    model: str = "NVIDIA A100-SXM4-80GB",
+    **spec: Any,
+) -> dict[str, Any]:
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "gpus": [{"index": i, "uuid": f"u{i}", "model": model} for i in range(gpus)],
+        },
+    }
+
+
+def _bound(job: str, node: str, gpus: list[int], phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{job}-1", "namespace": "default"},
+        "spec": {"jobName": job, "node": node, "gpus": gpus},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "ready", "busy", "state"),
+    [
+        ({}, True, False, "Ready"),
+        ({"cordonedGPUs": [0]}, True, True, "Cordoned"),
+        ({"unschedulable": True}, True, False, "Cordoned"),
+        ({"drainingGPUs": [0]}, True, True, "Draining"),
+        ({"drainingGPUs": [0]}, True, False, "Drained"),
+        ({"draining": True, "unschedulable": True}, True, True, "Draining"),
+        ({"draining": True, "unschedulable": True}, True, False, "Drained"),
+        ({"drainingGPUs": [1]}, True, False, "Ready"),  # another GPU drains
+        ({"cordonedGPUs": [0]}, False, False, "NotReady"),
+    ],
+)
+def test_gpu_state(spec: dict[str, Any], ready: bool, busy: bool, state: str) -> None:
+    assert views.gpu_state(_node("n", ready=ready, **spec), 0, busy) == state
+
+
+@pytest.mark.parametrize(
+    ("spec", "ready", "busy", "status"),
+    [
+        ({}, True, False, "Ready"),
+        ({"unschedulable": True}, True, True, "Ready,SchedulingDisabled"),
+        ({"unschedulable": True}, False, True, "NotReady,SchedulingDisabled"),
+        ({"draining": True, "unschedulable": True}, True, True, "Ready,Draining"),
+        ({"draining": True, "unschedulable": True}, True, False, "Ready,Drained"),
+        ({"draining": True}, True, None, "Ready,Draining"),  # unknown: a watch's row
+        ({"cordonedGPUs": [0, 1]}, True, False, "Ready"),  # GPUs are `get gpus`' business
+    ],
+)
+def test_node_status(spec: dict[str, Any], ready: bool, busy: bool | None, status: str) -> None:
+    assert views.node_status(_node("n", ready=ready, **spec), busy) == status
+
+
+def test_node_table_shows_drained_only_when_no_binding_holds_it() -> None:
+    nodes = [_node("a", draining=True), _node("b", draining=True)]
+    bindings = [_bound("x", "a", [0]), _bound("y", "b", [0], phase="Exited")]
+
+    viewed = views.with_node_views(nodes, bindings)
+    table = printers.Table("Node", wide=False, namespaces=False, show_labels=False)
+    lines = table.lines(viewed, NOW, header=True)
+
+    assert [line.split()[1] for line in lines[1:]] == ["Ready,Draining", "Ready,Drained"]
+    assert all(views.VIEW not in n for n in nodes)  # the listed objects are left as they were
+
+
+def test_gpu_rows_mark_drained_gpus() -> None:
+    nodes = [_node("a", gpus=3, drainingGPUs=[0, 1])]
+    rows = views.gpu_rows(nodes, [_bound("x", "a", [0]), _bound("old", "a", [1], "Exited")])
+    assert [r["status"] for r in rows] == ["Draining", "Drained", "Ready"]
+    assert [[j["name"] for j in r["jobs"]] for r in rows] == [["x"], [], []]
+
+
+def test_pool_gpus_every_criterion_must_hold() -> None:
+    nodes = [
+        _node("a1", gpus=4, labels={"gpu": "a100"}),
+        _node("a2", gpus=4, labels={"gpu": "a100"}, model="NVIDIA H100 80GB HBM3"),
+        _node("l1", gpus=2, labels={"gpu": "l40s"}),
+    ]
+
+    def matched(**selector: Any) -> list[tuple[str, int]]:
+        return sorted(views.pool_gpus({"spec": {"selector": selector}}, nodes))
+
+    assert len(matched()) == 10
+    assert matched(nodeLabels={"gpu": "l40s"}) == [("l1", 0), ("l1", 1)]
+    assert matched(nodes=["a1"], gpus=["1-2"]) == [("a1", 1), ("a1", 2)]
+    assert matched(gpus=[3, "0"], nodeLabels={"gpu": "a100"}) == [
+        ("a1", 0),
+        ("a1", 3),
+        ("a2", 0),
+        ("a2", 3),
+    ]
+    assert matched(gpuModel="*h100*") == [("a2", i) for i in range(4)]
+    assert matched(gpuModel="A100*") == []  # a glob over the whole name, as the scheduler reads it
+    assert matched(nodes=["gone"]) == []
+
+
+def test_pool_views_count_allocations_and_queues() -> None:
+    nodes = [_node("a", gpus=4, labels={"gpu": "a100"}), _node("b", gpus=2)]
+    pools: list[dict[str, Any]] = [
+        {"metadata": {"name": "a100"}, "spec": {"selector": {"nodeLabels": {"gpu": "a100"}}}},
+        {"metadata": {"name": "default"}, "spec": {}},
+    ]
+    bindings = [_bound("t", "a", [0, 1]), _bound("s", "b", [0]), _bound("o", "a", [3], "Lost")]
+
+    def job(name: str, phase: str, **spec: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": spec, "status": {"phase": phase}}
+
+    jobs = [
+        job("t", "Running", pool="a100"),
+        job("q", "Pending", pool="a100"),
+        job("s", "Scheduled"),
+        job("w", "Pending"),
+        job("held", "Pending", suspend=True),
+        job("done", "Failed"),
+    ]
+
+    viewed = {
+        p["metadata"]["name"]: p[views.VIEW]
+        for p in views.with_pool_views(pools, nodes, bindings, jobs)
+    }
+
+    assert viewed == {
+        "a100": {"gpus": 4, "allocated": 2, "running": 1, "queued": 1},
+        "default": {"gpus": 6, "allocated": 3, "running": 1, "queued": 1},
+    }
+
+
+def test_implicit_default_pool_only_when_none_is_stored() -> None:
+    stored = [{"metadata": {"name": "a100"}, "spec": {}}]
+    assert [p["metadata"]["name"] for p in views.with_implicit_default(stored)] == [
+        "a100",
+        "default",
+    ]
+    with_default = [*stored, {"metadata": {"name": "default"}, "spec": {"policy": "spread"}}]
+    assert views.with_implicit_default(with_default) == with_default
+
+
+# -- cells -----------------------------------------------------------------------------------
+
+
+def _gpu_row(**fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "node": "n",
+        "index": 0,
+        "uuid": "u",
+        "model": "NVIDIA A100-SXM4-80GB",
+        "memoryUsed": None,
+        "memoryTotal": None,
+        "utilization": None,
+        "status": "Ready",
+        "jobs": [],
+        "foreignProcesses": [],
+    }
+    return row | fields
+
+
+@pytest.mark.parametrize(
+    ("used", "total", "text"),
+    [
+        (int(79.3 * 2**30), 80 * 2**30, "79.3/80Gi"),
+        (0, 80 * 2**30, "0/80Gi"),
+        (512 * 2**20, 80 * 2**30, "512Mi/80Gi"),
+        (None, 80 * 2**30, "?/80Gi"),
+        (None, None, "<none>"),
+    ],
+)
+def test_gpu_memory_says_the_unit_once(used: int | None, total: int | None, text: str) -> None:
+    row = _gpu_row(memoryUsed=used, memoryTotal=total)
+    assert printers._gpu_memory(row, NOW) == text
+
+
+@pytest.mark.parametrize(
+    ("names", "text"),
+    [
+        ([], "<none>"),
+        (["a"], "a"),
+        (["eval-a(0.5)", "eval-b(0.5)"], "eval-a(0.5),eval-b(0.5)"),
+        (["eval-a", "eval-b", "eval-c", "eval-d", "eval-e"], "eval-a,eval-b,eval-c,+2"),
+        (["a-very-long-job-name-indeed-yes", "b"], "a-very-long-job-name-indeed-yes,+1"),
+    ],
+)
+def test_gpu_jobs_stay_narrow(names: list[str], text: str) -> None:
+    jobs = [
+        {"namespace": "default", "name": n.split("(")[0], "share": 0.5 if "(" in n else 1.0}
+        for n in names
+    ]
+    assert printers._gpu_jobs(_gpu_row(jobs=jobs), NOW) == text
+
+
+def test_gpu_other_is_memory_of_processes_gctl_did_not_start() -> None:
+    processes = [{"pid": 1, "usedMemory": 2**30}, {"pid": 2, "usedMemory": 2 * 2**30}]
+    assert printers._gpu_other(_gpu_row(foreignProcesses=processes), NOW) == "3Gi"
+    unknown = [{"pid": 1, "usedMemory": None}]
+    assert printers._gpu_other(_gpu_row(foreignProcesses=unknown), NOW) == "?"
+    assert printers._gpu_other(_gpu_row(), NOW) == "<none>"
+    assert printers._gpu_other_pids(_gpu_row(foreignProcesses=processes), NOW) == "1,2"
+
+
+def test_until() -> None:
+    assert printers.until((NOW + timedelta(minutes=12)).isoformat(), NOW) == "12m"
+    assert printers.until((NOW - timedelta(minutes=1)).isoformat(), NOW) == "now"
+    assert printers.until(None, NOW) == "<none>"
+
+
+def test_wide_job_table_shows_queue_position_and_eta_while_pending() -> None:
+    pending = _job("big")
+    pending["status"] = {
+        "phase": "Pending",
+        "queuePosition": 4,
+        "estimatedStartTime": (NOW + timedelta(hours=2)).isoformat(),
+    }
+    running = _job("run", phase="Running")
+    running["status"] = {"phase": "Running", "queuePosition": 1}  # stale: the Job left the queue
+    table = printers.Table("Job", wide=True, namespaces=False, show_labels=False)
+
+    header, *lines = table.lines([pending, running], NOW, header=True)
+
+    titles = header.split()
+    assert titles[-3:] == ["POS", "ETA", "REASON"]
+    pos = titles.index("POS")
+    assert lines[0].split()[pos : pos + 2] == ["4", "120m"]  # kubectl: minutes below 3h
+    assert lines[1].split()[pos : pos + 2] == ["<none>", "<none>"]
+
+
+def test_job_gpus_from_a_profile() -> None:
+    job = _job("serve", resources={"profile": "qwen2.5-7b-inst"})
+    assert printers._job_gpus(job, NOW) == "qwen2.5-7b-inst"
+    job = _job("serve", resources={"profile": "qwen2.5-7b-inst", "gpus": 2, "gpuMemory": "8Gi"})
+    assert printers._job_gpus(job, NOW) == "2x8Gi"
+
+
+def test_profile_description_is_cut_to_fit() -> None:
+    profile = {
+        "kind": "GPUProfile",
+        "metadata": {"name": "qwen2.5-72b-inst"},
+        "spec": {"gpus": 4, "gpuMemory": "64Gi", "description": "word " * 40},
+    }
+    table = printers.Table("GPUProfile", wide=False, namespaces=False, show_labels=False)
+    lines = table.lines([profile], NOW, header=True)
+    assert all(len(line) <= 100 for line in lines)
+    assert lines[1].endswith("...")

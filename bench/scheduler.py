@@ -1,0 +1,167 @@
+"""The benchmark of the scheduler: scheduling passes over 10,000 pending Jobs and 1,000 GPUs.
+
+125 Node objects with 8 fake GPUs each are written straight into the store with a Ready
+condition (no agent, no processes), then 10,000 pending Jobs asking for 1, 2 or half a GPU at
+100 priorities, a quarter of them with an activeDeadlineSeconds. Each pass is
+`scheduling.schedule` in its own write transaction, timed from its start to its commit:
+
+- scheduling-pass: the first pass (every GPU free, no Job told anything yet); it binds and
+  writes up to the pass's limits and leaves the rest to the next pass;
+- scheduling-fill: passes until none is due at once (every GPU taken, every waiting Job told):
+  how many, and how long in all;
+- scheduling-pass-steady: a pass with nothing changed, and how many objects it wrote (none);
+- scheduling-pass-one-exit: one attempt exits and its Job is accounted; the next pass;
+- scheduling-planner: `placement.plan` alone on the first pass's snapshot, with no limit on
+  placements (the reads and writes around it excluded).
+"""
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime
+
+from bench import jobs as job_benchmarks
+from bench.store import BenchError, Context, Result, progress
+from controller import jobs, placement, scheduling
+from gctl.api import job, meta, node
+from gctl.store import db, store
+
+NODES, GPUS_PER_NODE = 125, 8
+PENDING = 10_000
+MAX_PASSES = 400
+PASS_BUDGET_S = 1.0
+
+
+def _load(database: db.Database, now: datetime) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        created = writer.create_many(
+            [node.Node(metadata=meta.ObjectMeta(name=f"node-{n:03d}")) for n in range(NODES)]
+        )
+        for found in created:
+            found.status.gpus = [
+                node.GPUInfo(
+                    index=i,
+                    uuid=f"{found.name}-{i}",
+                    model="NVIDIA A100-SXM4-80GB",
+                    memory_total=80 * 2**30,
+                    fake=True,
+                )
+                for i in range(GPUS_PER_NODE)
+            ]
+            found.status.heartbeat_time = now
+            meta.set_condition(found.status.conditions, "Ready", "True", "AgentReady", now=now)
+            writer.update_status(found)
+        writer.create_many([_job(index) for index in range(PENDING)])
+
+
+def _job(index: int) -> job.Job:
+    return job.Job(
+        metadata=meta.ObjectMeta(name=f"job-{index:05d}", namespace="default"),
+        spec=job.JobSpec(
+            command=["python", "train.py", "--seed", str(index)],
+            priority=(index * 37) % 100,
+            resources=job.Resources(gpus=(1, 2, 0.5)[index % 3]),
+            active_deadline_seconds=3600 if index % 4 == 0 else None,
+        ),
+    )
+
+
+def _timed_pass(database: db.Database, now: datetime) -> tuple[float, datetime | None]:
+    start = time.perf_counter()
+    due = store.transact(database, lambda w: scheduling.schedule(w, now))
+    return time.perf_counter() - start, due
+
+
+def _revision(database: db.Database) -> int:
+    with database.read() as session:
+        return store.Store(session).current_revision()
+
+
+def _time_planner(database: db.Database, now: datetime) -> float:
+    with database.read() as session:
+        reader = store.Store(session)
+        world = scheduling.read_world(reader)
+        requests = [scheduling.request_of(w, world) for w in reader.pending_wires()]
+    start = time.perf_counter()
+    result = placement.plan(world.snapshot, requests, now)
+    elapsed = time.perf_counter() - start
+    placed = sum(1 for d in result.decisions if d.placement is not None)
+    if placed == 0:
+        raise BenchError("the planner placed nothing on 1,000 free GPUs")
+    return elapsed
+
+
+def _gpus_taken(database: db.Database) -> float:
+    taken: dict[tuple[str, int], float] = defaultdict(float)
+    with database.read() as session:
+        for attempt in store.Store(session).active_bindings():
+            for index in attempt.spec.gpus:
+                taken[(attempt.spec.node, index)] += attempt.spec.gpu_share
+    if any(share > 1 + 1e-9 for share in taken.values()):
+        raise BenchError("a GPU was bound more than once over")
+    return round(sum(taken.values()), 6)
+
+
+def _fill(database: db.Database, now: datetime, first_due: datetime | None) -> tuple[int, float]:
+    """Passes until none is due at once; returns (passes, seconds), the first one included."""
+    passes, seconds, due = 1, 0.0, first_due
+    while due is not None and due <= now:
+        if passes >= MAX_PASSES:
+            raise BenchError(f"the queue did not settle in {MAX_PASSES} passes")
+        elapsed, due = _timed_pass(database, now)
+        passes, seconds = passes + 1, seconds + elapsed
+    return passes, seconds
+
+
+def _one_exit(database: db.Database, now: datetime) -> None:
+    """The agent reports one attempt exited; the controller accounts for its Job."""
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = next(b for b in writer.active_bindings() if b.spec.gpu_share == 1.0)
+        attempt.status.phase = "Exited"
+        attempt.status.exit_code = 0
+        attempt.status.start_time = now
+        attempt.status.finish_time = now
+        attempt.status.reason = "Completed"
+        writer.update_status(attempt)
+        name, namespace = attempt.spec.job_name, attempt.namespace
+    store.transact(database, lambda w: jobs.reconcile(w, namespace, name, now))
+
+
+def bench_scheduling(ctx: Context) -> list[Result]:
+    with job_benchmarks.fresh_database(ctx, "scheduling") as url:
+        database = db.Database.open(url)
+        try:
+            return _measure(database)
+        finally:
+            database.close()
+
+
+def _measure(database: db.Database) -> list[Result]:
+    now = meta.utcnow()
+    progress(f"writing {NODES} nodes x {GPUS_PER_NODE} GPUs and {PENDING:,} pending jobs...")
+    _load(database, now)
+    planner = _time_planner(database, now)
+    progress("first scheduling pass...")
+    first, due = _timed_pass(database, now)
+    progress("passes until the queue settles...")
+    passes, fill = _fill(database, now, due)
+    taken = _gpus_taken(database)
+    before = _revision(database)
+    steady, _ = _timed_pass(database, now)
+    writes = _revision(database) - before
+    _one_exit(database, now)
+    after_exit, _ = _timed_pass(database, now)
+    return [
+        Result("scheduling-pass", first, "s", PASS_BUDGET_S),
+        Result("scheduling-fill", fill + first, "s", None, kind="info", note=f"{passes} passes"),
+        Result("scheduling-gpus-taken", taken, "", float(NODES * GPUS_PER_NODE), kind="check"),
+        Result("scheduling-pass-steady", steady, "s", PASS_BUDGET_S),
+        Result("scheduling-pass-steady-writes", writes, "", 0, kind="check"),
+        Result("scheduling-pass-one-exit", after_exit, "s", PASS_BUDGET_S),
+        Result("scheduling-planner", planner * 1000, "ms", None, kind="info"),
+    ]
+
+
+BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {"scheduling": bench_scheduling}

@@ -1,0 +1,202 @@
+"""Views that no stored object holds: GPUs with the jobs on them, a pool's capacity and queue,
+whether a draining node or GPU is empty yet.
+
+Pure functions of wire dicts (as listed), so `get` pays for no validation and unit tests need
+no database. A view of a stored kind is kept in the copy of its wire under `VIEW`, which the
+table columns read and -o yaml|json never print.
+"""
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gctl.api import kinds
+
+Wire = dict[str, Any]
+VIEW = "_view"  # the key, in a listed object's copy, of what its table columns show beyond it
+HOLDING = frozenset({"Pending", "Running"})  # Binding phases that hold GPUs (ACTIVE_PHASES)
+DEFAULT_POOL = "default"
+
+
+def holding(bound: Wire) -> bool:
+    return bound["status"].get("phase", "Pending") in HOLDING
+
+
+def holders(bindings: Iterable[Wire]) -> dict[tuple[str, int], list[Wire]]:
+    """(node, GPU index) -> the Bindings that hold it."""
+    held: dict[tuple[str, int], list[Wire]] = {}
+    for bound in bindings:
+        if holding(bound):
+            for index in bound["spec"].get("gpus", []):
+                held.setdefault((bound["spec"]["node"], int(index)), []).append(bound)
+    return held
+
+
+def ready(node: Wire) -> bool:
+    conditions = node["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+# -- one GPU, one node -------------------------------------------------------------------------
+
+
+def gpu_state(node: Wire, index: int, busy: bool) -> str:
+    """Ready, Cordoned, Draining (jobs still on it), Drained (none left) or NotReady."""
+    spec = node["spec"]
+    if not ready(node):
+        return "NotReady"
+    if spec.get("draining") or index in spec.get("drainingGPUs", []):
+        return "Draining" if busy else "Drained"
+    if spec.get("unschedulable") or index in spec.get("cordonedGPUs", []):
+        return "Cordoned"
+    return "Ready"
+
+
+def node_status(node: Wire, busy: bool | None) -> str:
+    """kubectl's STATUS: Ready or NotReady, then SchedulingDisabled for a cordoned node, and
+    Draining or Drained for a draining one (Draining when `busy` is unknown)."""
+    conditions = node["status"].get("conditions", [])
+    condition = next((c for c in conditions if c["type"] == "Ready"), None)
+    text = "Unknown" if condition is None else ("Ready" if ready(node) else "NotReady")
+    spec = node["spec"]
+    if spec.get("draining"):
+        return text + (",Drained" if busy is False else ",Draining")
+    if spec.get("unschedulable"):
+        return text + ",SchedulingDisabled"
+    return text
+
+
+def with_node_views(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
+    """Nodes with their STATUS as `get nodes` prints it (it needs the Bindings on them)."""
+    busy = {b["spec"]["node"] for b in bindings if holding(b)}
+    return [{**n, VIEW: {"status": node_status(n, n["metadata"]["name"] in busy)}} for n in nodes]
+
+
+def gpu_rows(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
+    """One mapping per GPU of every Node: what it is, how full, which jobs hold it (from the
+    Bindings that are Pending or Running), its state, and the processes gctl did not start."""
+    held = holders(bindings)
+    job_pids = {
+        (b["spec"]["node"], int(b["status"]["pid"]))
+        for b in bindings
+        if b["status"].get("phase") == "Running" and b["status"].get("pid") is not None
+    }
+    rows = []
+    for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
+        name = node["metadata"]["name"]
+        for gpu in sorted(node["status"].get("gpus", []), key=lambda g: int(g["index"])):
+            index = int(gpu["index"])
+            foreign = [
+                {"pid": p["pid"], "usedMemory": p.get("usedMemory")}
+                for p in gpu.get("processes", [])
+                if (name, int(p["pid"])) not in job_pids  # the agent leaves them out already
+            ]
+            on_it = held.get((name, index), [])
+            jobs = sorted(
+                (
+                    {
+                        "namespace": b["metadata"].get("namespace", kinds.DEFAULT_NAMESPACE),
+                        "name": b["spec"]["jobName"],
+                        "share": b["spec"].get("gpuShare", 1.0),
+                    }
+                    for b in on_it
+                ),
+                key=lambda h: (h["namespace"], h["name"]),
+            )
+            rows.append(
+                {
+                    "node": name,
+                    "index": index,
+                    "uuid": gpu.get("uuid"),
+                    "model": gpu.get("model"),
+                    "memoryUsed": gpu.get("memoryUsed"),
+                    "memoryTotal": gpu.get("memoryTotal"),
+                    "utilization": gpu.get("utilization"),
+                    "status": gpu_state(node, index, bool(on_it)),
+                    "jobs": jobs,
+                    "foreignProcesses": foreign,
+                }
+            )
+    return rows
+
+
+# -- pools -------------------------------------------------------------------------------------
+
+
+def _indices(items: list[int | str]) -> set[int]:
+    if all(isinstance(i, int) for i in items):
+        return {int(i) for i in items}
+    from gctl.api import pool  # ranges such as "0-3"; pydantic loads only for them
+
+    return set(pool.expand_indices(items))
+
+
+def pool_gpus(pool: Wire, nodes: Sequence[Wire]) -> set[tuple[str, int]]:
+    """The (node, GPU index) pairs of known nodes that a GPUPool's selector matches; every
+    criterion given must hold, as the scheduler reads it (a model is a glob, any case)."""
+    selector = pool["spec"].get("selector", {})
+    names = selector.get("nodes")
+    labels: dict[str, str] = selector.get("nodeLabels") or {}
+    model = selector.get("gpuModel")
+    indices = _indices(selector["gpus"]) if selector.get("gpus") else None
+    found = set()
+    for node in nodes:
+        name = node["metadata"]["name"]
+        if names is not None and name not in names:
+            continue
+        node_labels = node["metadata"].get("labels", {})
+        if any(node_labels.get(k) != v for k, v in labels.items()):
+            continue
+        for gpu in node["status"].get("gpus", []):
+            index = int(gpu["index"])
+            if indices is not None and index not in indices:
+                continue
+            if model and not fnmatch.fnmatchcase(str(gpu.get("model", "")).lower(), model.lower()):
+                continue
+            found.add((name, index))
+    return found
+
+
+def with_implicit_default(pools: Sequence[Wire]) -> list[Wire]:
+    """The pools, and the default one when none is stored: the scheduler then runs Jobs that
+    name no pool on every GPU, and `get pools` shows that pool (without an age: it was never
+    created)."""
+    if any(p["metadata"]["name"] == DEFAULT_POOL for p in pools):
+        return list(pools)
+    implicit: Wire = {
+        "apiVersion": kinds.API_VERSION,
+        "kind": "GPUPool",
+        "metadata": {"name": DEFAULT_POOL},
+        "spec": {},
+        "status": {},
+    }
+    return sorted([*pools, implicit], key=lambda p: str(p["metadata"]["name"]))
+
+
+def with_pool_views(
+    pools: Sequence[Wire], nodes: Sequence[Wire], bindings: Sequence[Wire], jobs: Sequence[Wire]
+) -> list[Wire]:
+    """Pools with GPUS (matched on known nodes), ALLOCATED (of those, held by a gctl job),
+    RUNNING and QUEUED (the pool's Jobs; a Job that names no pool is the default pool's)."""
+    held = set(holders(bindings))
+    running: dict[str, int] = {}
+    queued: dict[str, int] = {}
+    for j in jobs:
+        name = j["spec"].get("pool") or DEFAULT_POOL
+        phase = j["status"].get("phase", "Pending")
+        if phase in ("Scheduled", "Running"):
+            running[name] = running.get(name, 0) + 1
+        elif phase == "Pending" and not j["spec"].get("suspend"):
+            queued[name] = queued.get(name, 0) + 1
+    viewed = []
+    for p in pools:
+        name = p["metadata"]["name"]
+        gpus = pool_gpus(p, nodes)
+        view = {
+            "gpus": len(gpus),
+            "allocated": len(gpus & held),
+            "running": running.get(name, 0),
+            "queued": queued.get(name, 0),
+        }
+        viewed.append({**p, VIEW: view})
+    return viewed

@@ -1,0 +1,286 @@
+"""The scheduling pass against a real database (SQLite and PostgreSQL), one pass at a time with a
+fixed clock: pools and profiles resolved from the store, preemption through Bindings and Events,
+what waiting Jobs are told, and that a pass writes only what changed."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from controller import jobs, scheduling
+from gctl.api import binding, job, meta, node, pool, profile, queue
+from gctl.store import db, store
+from tests.builders import make_job
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+GI = 2**30
+UNLIMITED = scheduling.Limits(seconds=None)
+
+
+def _node(writer: store.Store, name: str, gpus: int, **fields: Any) -> None:
+    created = writer.create(node.Node(metadata=meta.ObjectMeta(name=name)))
+    created.status.gpus = [
+        node.GPUInfo(
+            index=i, uuid=f"{name}-{i}", **({"model": "A100", "memory_total": 80 * GI} | fields)
+        )
+        for i in range(gpus)
+    ]
+    created.status.heartbeat_time = T0
+    meta.set_condition(created.status.conditions, "Ready", "True", "AgentReady", now=T0)
+    writer.update_status(created)
+
+
+def _schedule(
+    database: db.Database, now: datetime = T0, limits: scheduling.Limits = UNLIMITED
+) -> datetime | None:
+    return store.transact(database, lambda w: scheduling.schedule(w, now, limits))
+
+
+def _job(database: db.Database, name: str) -> job.Job:
+    with database.read() as session:
+        return store.Store(session).get(job.Job, name, "default")
+
+
+def _binding(database: db.Database, name: str) -> binding.Binding:
+    with database.read() as session:
+        return store.Store(session).get(binding.Binding, name, "default")
+
+
+def _events(database: db.Database, name: str) -> list[tuple[str, str]]:
+    with database.read() as session:
+        reader = store.Store(session)
+        found = reader.get(job.Job, name, "default")
+        return [(e.spec.reason, e.spec.message) for e in reader.events_for(found)]
+
+
+def _waiting(j: job.Job) -> tuple[str, str]:
+    said = next(c for c in j.status.conditions if c.type == job.CONDITION_SCHEDULED)
+    assert said.status == "False"
+    return said.reason, said.message
+
+
+def _places(database: db.Database) -> dict[tuple[str, str], int]:
+    """Places in the queue as `gctl get jobs -o wide` numbers them."""
+    with database.read() as session:
+        return queue.positions(store.Store(session).pending_wires())
+
+
+def _revision(database: db.Database) -> int:
+    with database.read() as session:
+        return store.Store(session).current_revision()
+
+
+def _agent_reports(
+    database: db.Database, name: str, phase: str, exit_code: int | None = None
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, name, "default")
+        attempt.status.phase = phase  # type: ignore[assignment]
+        attempt.status.start_time = attempt.status.start_time or T0
+        if phase == "Exited":
+            attempt.status.exit_code = exit_code
+            attempt.status.reason = attempt.spec.stop_reason or "Completed"
+        writer.update_status(attempt)
+
+
+def test_a_job_naming_a_missing_pool_waits_until_the_pool_exists(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        lost = make_job("lost").build()
+        lost.spec.pool = "research"
+        writer.create(lost)
+    _schedule(database)
+    waiting = _job(database, "lost")
+    message = 'GPUPool "research" not found: create it, or change spec.pool'
+    assert _waiting(waiting) == ("GPUPoolNotFound", message)
+    assert waiting.status.reason == "GPUPoolNotFound"
+    with database.write() as session:
+        store.Store(session).create(pool.GPUPool(metadata=meta.ObjectMeta(name="research")))
+    _schedule(database)
+    placed = _job(database, "lost")
+    assert (placed.status.phase, placed.status.reason) == ("Scheduled", None)
+
+
+def test_a_profile_fills_what_the_job_leaves_out_and_is_looked_up_each_pass(
+    database: db.Database,
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 4)
+        for name, gpus in (("served", None), ("override", 1)):
+            j = make_job(name).build()
+            j.spec.resources = job.Resources(gpus=gpus, profile="llm-32b")
+            writer.create(j)
+    _schedule(database)
+    assert _waiting(_job(database, "served"))[0] == "GPUProfileNotFound"
+    with database.write() as session:
+        store.Store(session).create(
+            profile.GPUProfile(
+                metadata=meta.ObjectMeta(name="llm-32b"),
+                spec=profile.GPUProfileSpec(gpus=2, gpu_memory="48Gi"),
+            )
+        )
+    _schedule(database)
+    served, override = _binding(database, "served-1"), _binding(database, "override-1")
+    assert (len(served.spec.gpus), served.spec.gpu_memory) == (2, 48 * GI)
+    assert (len(override.spec.gpus), override.spec.gpu_memory) == (1, 48 * GI)
+    assert _job(database, "served").status.reason is None
+
+
+def test_preemption_stops_the_lower_job_then_binds_the_higher_one(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("low").build())
+    _schedule(database)
+    _agent_reports(database, "low-1", "Running")
+    with database.write() as session:
+        store.Store(session).create(make_job("high").priority(10).build())
+    _schedule(database)
+    assert _binding(database, "low-1").spec.stop_reason == binding.STOP_PREEMPTED
+    assert ("Preempted", "preempted by default/high (priority 10) to free GPUs [0] on n1") in (
+        _events(database, "low")
+    )
+    preempting = "preempting 1 lower-priority job(s) on n1: default/low"
+    assert ("Preempting", preempting) in _events(database, "high")
+    assert _waiting(_job(database, "high")) == ("Unschedulable", preempting)
+
+    before = _revision(database)
+    _schedule(database)  # the victim still runs: wait, and preempt nobody else
+    high = _job(database, "high")
+    assert _waiting(high)[1].startswith("waiting for 1 preempted job(s) to stop on n1")
+    assert len([e for e in _events(database, "high") if e[0] == "Preempting"]) == 1
+    _schedule(database)
+    assert _revision(database) == before + 1  # one write: what high is told
+
+    _agent_reports(database, "low-1", "Exited", exit_code=143)
+    store.transact(database, lambda w: jobs.reconcile(w, "default", "low", T0))
+    low = _job(database, "low")
+    assert (low.status.phase, low.status.preemptions, low.status.failed) == ("Pending", 1, 0)
+    _schedule(database)
+    assert _job(database, "high").status.phase == "Scheduled"
+    assert _waiting(_job(database, "low"))[0] == "Unschedulable"
+
+
+def test_a_pass_with_nothing_changed_writes_nothing(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        for i in range(5):
+            writer.create(make_job(f"j{i}").build())
+    _schedule(database)
+    settled = _revision(database)
+    assert _schedule(database, T0 + timedelta(minutes=1)) is None
+    assert _revision(database) == settled
+    waiting = _job(database, "j4")
+    assert _places(database)[("default", "j4")] == 3
+    assert _waiting(waiting) == ("Unschedulable", "0/2 GPUs fit: 2 in use")
+
+
+def test_waiting_jobs_learn_their_place_and_when_they_should_start(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        running = make_job("running").priority(5).build()
+        running.spec.active_deadline_seconds = 3600
+        writer.create(running)
+        # an earlier run of `next`'s command took 10 minutes
+        done = make_job("done").command("python", "eval.py").build()
+        created = writer.create(done)
+        created.status.phase = "Succeeded"
+        created.status.start_time = T0 - timedelta(minutes=30)
+        created.status.completion_time = T0 - timedelta(minutes=20)
+        writer.update_status(created)
+    _schedule(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.create(make_job("next").command("python", "eval.py").build())
+        writer.create(make_job("after").build())
+    _schedule(database)
+    first, second = _job(database, "next"), _job(database, "after")
+    places = _places(database)
+    assert (places[("default", "next")], first.status.estimated_start_time) == (
+        1,
+        T0 + timedelta(hours=1),
+    )
+    assert (places[("default", "after")], second.status.estimated_start_time) == (
+        2,
+        T0 + timedelta(hours=1, minutes=10),
+    )
+
+
+def test_limits_leave_the_rest_to_the_next_pass(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        for i in range(4):
+            writer.create(make_job(f"j{i}").build())
+    tight = scheduling.Limits(binds=1, writes=1, seconds=None)
+    assert _schedule(database, limits=tight) == T0  # run again at once
+    assert [_job(database, f"j{i}").status.phase for i in range(4)] == ["Scheduled"] + [
+        "Pending"
+    ] * 3
+    assert _schedule(database, limits=tight) == T0
+    assert _schedule(database, limits=tight) == T0  # j2 told, j3 left for the next pass
+    assert not _job(database, "j3").status.conditions
+    assert _schedule(database, limits=tight) is None
+    assert _waiting(_job(database, "j3"))[0] == "Unschedulable"
+
+
+def test_a_suspended_job_leaves_the_queue(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("first").build())
+        writer.create(make_job("second").build())
+    _schedule(database)
+    assert _places(database)[("default", "second")] == 1
+    with database.write() as session:
+        writer = store.Store(session)
+        second = writer.get(job.Job, "second", "default")
+        second.spec.suspend = True
+        writer.update(second)
+    _schedule(database)
+    assert ("default", "second") not in _places(database)
+
+
+def test_the_pool_decides_placement_and_memory_enforcement(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        _node(writer, "n2", 2)
+        writer.create(
+            pool.GPUPool(
+                metadata=meta.ObjectMeta(name="default"),
+                spec=pool.GPUPoolSpec(policy="spread", enforce_gpu_memory=True),
+            )
+        )
+        for name in ("a", "b"):
+            writer.create(make_job(name).memory("10Gi").build())
+    _schedule(database)
+    first, second = _binding(database, "a-1"), _binding(database, "b-1")
+    assert {first.spec.node, second.spec.node} == {"n1", "n2"}
+    assert first.spec.enforce_gpu_memory
+    assert first.spec.gpu_memory == 10 * GI
+
+
+def test_closed_and_busy_gpus_are_explained(database: db.Database) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        cordoned = writer.get(node.Node, "n1")
+        cordoned.spec.cordoned_gpus = [0]
+        cordoned.spec.draining_gpus = [1]
+        writer.update(cordoned)
+        _node(
+            writer,
+            "n2",
+            1,
+            processes=[node.GPUProcess(pid=7, used_memory=60 * GI, name="notebook")],
+        )
+        writer.create(make_job("big").memory("40Gi").build())
+    _schedule(database)
+    assert _waiting(_job(database, "big")) == (
+        "Unschedulable",
+        "0/3 GPUs fit: 1 cordoned, 1 draining, 1 lack 40Gi free",
+    )

@@ -1,0 +1,150 @@
+"""The scheduling pass's pure parts: a stored Job read as a placement request (its profile
+applied), and whether what a waiting Job's status says is stale enough to write."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller import placement, scheduling
+from gctl.api import profile
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+GI = 2**30
+
+
+def world(**profiles: profile.GPUProfileSpec) -> scheduling.World:
+    return scheduling.World(placement.Snapshot([], []), {}, {}, dict(profiles), {})
+
+
+def wire(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "j", "namespace": "default", "generation": 1},
+        "spec": {"command": ["true"], **spec},
+        "status": status or {},
+    }
+
+
+LLM = profile.GPUProfileSpec(gpus=2, gpu_memory="48Gi", gpu_model="*H100*")
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({}, (1.0, None, None)),
+        ({"profile": "llm"}, (2.0, 48 * GI, "*H100*")),
+        ({"profile": "llm", "gpus": 1, "gpuModel": "*A100*"}, (1.0, 48 * GI, "*A100*")),
+        ({"profile": "llm", "gpuMemory": "20Gi"}, (2.0, 20 * GI, "*H100*")),
+    ],
+)
+def test_a_profile_fills_only_what_the_job_leaves_out(
+    resources: dict[str, Any], expected: tuple[float, int | None, str | None]
+) -> None:
+    found = scheduling.request_of(wire({"resources": resources}), world(llm=LLM))
+    assert (found.gpus, found.gpu_memory, found.gpu_model, found.problem) == (*expected, None)
+
+
+def test_a_missing_profile_and_a_pin_that_no_longer_matches_are_problems() -> None:
+    missing = scheduling.request_of(wire({"resources": {"profile": "gone"}}), world())
+    assert missing.problem is not None
+    assert missing.problem[0] == "GPUProfileNotFound"
+    pinned = wire({"resources": {"profile": "llm"}, "placement": {"gpus": [0]}})
+    mismatch = scheduling.request_of(pinned, world(llm=LLM)).problem
+    assert mismatch == (
+        "Unschedulable",
+        "spec.placement.gpus lists 1 GPU(s) but GPUProfile llm asks for 2: list exactly 2",
+    )
+
+
+def test_pool_and_deadline_are_read() -> None:
+    found = scheduling.request_of(
+        wire({"pool": "train", "activeDeadlineSeconds": 60, "priority": 3}), world()
+    )
+    assert (found.pool, found.deadline, found.runtime, found.priority) == (
+        "train",
+        60,
+        timedelta(seconds=60),
+        3,
+    )
+
+
+def said(message: str, position: int | None, start: datetime | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "conditions": [
+            {
+                "type": "Scheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "observedGeneration": 1,
+            }
+        ]
+    }
+    del position  # not stored: printed from the queue's order (gctl.api.queue)
+    if start is not None:
+        status["estimatedStartTime"] = start.isoformat()
+    return status
+
+
+def decision(
+    message: str, position: int | None, start: datetime | None = None
+) -> placement.Decision:
+    return placement.Decision(
+        placement.Request("default", "j"),
+        reason="Unschedulable",
+        message=message,
+        position=position,
+        estimated_start=start,
+    )
+
+
+@pytest.mark.parametrize(
+    ("stored", "now_says", "write"),
+    [
+        (said("0/8 GPUs fit: 8 in use", 3), decision("0/8 GPUs fit: 8 in use", 3), False),
+        # the place in the queue is not stored: moving up rewrites nothing
+        (said("0/8 GPUs fit: 8 in use", 3), decision("0/8 GPUs fit: 8 in use", 2), False),
+        (said("0/8 GPUs fit: 8 in use", 500), decision("0/8 GPUs fit: 8 in use", 440), False),
+        # only the gist of the message: its first clause without the numbers
+        (
+            said("0/8 GPUs fit: 8 in use", 3),
+            decision("0/8 GPUs fit: 7 in use, 1 reserved", 3),
+            False,
+        ),
+        (
+            said("0/8 GPUs fit: 8 in use", 500),
+            decision("0/8 GPUs fit: 8 cordoned", 500),
+            True,
+        ),
+        (said("x", None), decision("x", None), False),
+        (said("x", 1, T0 + timedelta(hours=1)), decision("x", 1, None), True),
+        (
+            said("x", 1, T0 + timedelta(hours=1)),
+            decision("x", 1, T0 + timedelta(hours=1, minutes=5)),
+            False,
+        ),
+        (
+            said("x", 1, T0 + timedelta(hours=1)),
+            decision("x", 1, T0 + timedelta(hours=1, minutes=7)),
+            True,
+        ),
+        ({}, decision("x", 1), True),
+    ],
+)
+def test_only_a_change_that_matters_is_written(
+    stored: dict[str, Any], now_says: placement.Decision, write: bool
+) -> None:
+    assert scheduling.stale(wire({}, stored), now_says, T0) == write
+
+
+def test_a_reason_of_the_schedulers_own_is_set_and_cleared() -> None:
+    lost = placement.Decision(
+        placement.Request("default", "j"), reason="GPUPoolNotFound", message="no pool"
+    )
+    stored = said("no pool", None)
+    stored["conditions"][0]["reason"] = "GPUPoolNotFound"
+    assert scheduling.stale(wire({}, stored), lost, T0)
+    stored |= {"reason": "GPUPoolNotFound", "message": "no pool"}
+    assert not scheduling.stale(wire({}, stored), lost, T0)
+    later = said("x", 1) | {"reason": "GPUPoolNotFound", "message": "no pool"}
+    assert scheduling.stale(wire({}, later), decision("x", 1), T0)
