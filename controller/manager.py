@@ -56,6 +56,7 @@ class Controller:
         self._node_shapes: dict[str, tuple[Any, ...]] = {}
         # (namespace, name) of a Job -> the pending Jobs that depend on it
         self._dependents: dict[tuple[str, str], set[Key]] = {}
+        self._passes: set[int] = set()  # revisions written by this controller's passes
 
     def _step(self, writer: store.Store, key: Key, now: datetime) -> datetime | None:
         kind, namespace, name = key
@@ -67,7 +68,16 @@ class Controller:
 
     def reconcile(self, key: Key) -> None:
         now = self.clock()
-        due = store.transact(self.db, lambda writer: self._step(writer, key, now))
+        written: list[int | None] = []
+
+        def work(writer: store.Store) -> datetime | None:
+            due = self._step(writer, key, now)
+            written[:] = [writer.written_revision]
+            return due
+
+        due = store.transact(self.db, work)
+        if key == SCHEDULE and written and written[0] is not None:
+            self._passes.add(written[0])
         if due is not None:
             heapq.heappush(self._timers, (due, key))
 
@@ -120,6 +130,10 @@ class Controller:
         profiles; not for a Job that started or an attempt reported Running."""
         keys: set[Key] = set()
         for change in changes:
+            if change.revision in self._passes:
+                # What a scheduling pass wrote (bindings, Jobs bound or told why they wait)
+                # needs no reconcile and no further pass: it is the pass's own conclusion.
+                continue
             if change.kind == "Job":
                 keys.add(("Job", change.namespace, change.name))
                 self._track_dependencies(change.type, change.object)
@@ -143,6 +157,8 @@ class Controller:
                     keys.add(SCHEDULE)
             elif change.kind in ("GPUPool", "GPUProfile"):
                 keys.add(SCHEDULE)
+        if changes:  # the feed is in revision order: older passes are behind us
+            self._passes = {r for r in self._passes if r > changes[-1].revision}
         return keys
 
     def run(self, stop: threading.Event) -> None:
@@ -197,7 +213,8 @@ class Controller:
                         dirty.add(RESYNC)
                     else:
                         keys = self._guarded(functools.partial(self._keys_of, item), RESYNC)
-                        dirty |= keys or {RESYNC}
+                        # None: working out the keys failed; an empty set: nothing to do.
+                        dirty |= {RESYNC} if keys is None else keys
             except queue.Empty:
                 pass
             now = self.clock()

@@ -36,6 +36,8 @@ from gctl.store import store, tables
 
 SOURCE = "controller/scheduler"
 HISTORY = 200  # recent successful Jobs whose run times estimate start times
+RUN_TIMES_TTL = 10.0
+_RUN_TIMES: dict[str, tuple[float, dict[str, timedelta]]] = {}  # database -> (read at, times)
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
 # clears them once they no longer hold, and leaves every other reason to the Job lifecycle.
 OWN_REASONS = frozenset({job.REASON_POOL_NOT_FOUND, job.REASON_PROFILE_NOT_FOUND})
@@ -158,7 +160,7 @@ def read_world(reader: store.Store) -> World:
         gpus.extend(its_gpus)
     active = reader.active_bindings()
     running = _jobs_of(reader, active)
-    run_times = _run_times(reader)
+    run_times = _recent_run_times(reader)
     allocations = [
         allocation_of(b, running.get((b.namespace, b.spec.job_name)), run_times) for b in active
     ]
@@ -235,6 +237,18 @@ def _jobs_of(reader: store.Store, active: list[binding.Binding]) -> dict[Key, Wi
 
 def command_key(command: object) -> str:
     return repr(command)
+
+
+def _recent_run_times(reader: store.Store) -> dict[str, timedelta]:
+    """`_run_times`, read again at most every RUN_TIMES_TTL seconds per database: estimates
+    need no fresher history, and a pass runs after every Job that ends."""
+    key = str(reader.session.get_bind().engine.url)
+    read_at, found = _RUN_TIMES.get(key, (None, {}))
+    clock = time.monotonic()
+    if read_at is None or clock - read_at > RUN_TIMES_TTL:
+        found = _run_times(reader)
+        _RUN_TIMES[key] = (clock, found)
+    return found
 
 
 def _run_times(reader: store.Store) -> dict[str, timedelta]:

@@ -81,6 +81,9 @@ class Agent:
         self.clock = clock
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
+        # Revisions of this agent's own reports: the feed need not wake the loop for them.
+        self._written: set[int] = set()
+        self._written_lock = threading.Lock()
 
     # -- the Node ------------------------------------------------------------------------------
 
@@ -328,6 +331,9 @@ class Agent:
                 writer = store.Store(session)
                 for report in reports:
                     writer.update_status(report)
+            if writer.written_revision is not None:
+                with self._written_lock:
+                    self._written.add(writer.written_revision)
         except errors.Conflict:
             self.wake.set()  # someone wrote one meanwhile: look again
         except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
@@ -402,7 +408,13 @@ class Agent:
                 ) as changes:
                     for batch in changes:
                         since = batch[-1].revision
-                        if any(c.object["spec"].get("node") == self.name for c in batch):
+                        with self._written_lock:
+                            written = self._written
+                            self._written = {r for r in written if r > since}
+                        if any(
+                            c.object["spec"].get("node") == self.name and c.revision not in written
+                            for c in batch
+                        ):
                             self.wake.set()
             except Exception as exc:  # a level-based pass catches up on whatever was missed
                 log.warning("change feed interrupted (%s); reconnecting", exc)

@@ -42,6 +42,12 @@ class Change:
     object: dict[str, Any]
 
 
+# uid -> (resourceVersion, wire) of pending Jobs decoded before, shared by this process's
+# Stores; bounded, and emptied when full.
+_DECODED: dict[str, tuple[int, dict[str, Any]]] = {}
+_DECODED_MAX = 20_000
+
+
 def _table(kind: str) -> Table:
     return tables.table_of(kind)
 
@@ -72,6 +78,11 @@ class Store:
             from sqlalchemy import func
 
             self.session.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
+
+    @property
+    def written_revision(self) -> int | None:
+        """The revision this Store's writes committed (or will commit) at; None if none."""
+        return self._revision
 
     def current_revision(self) -> int:
         value = self.session.execute(select(_REVISION.c.revision)).scalar_one()
@@ -154,14 +165,34 @@ class Store:
         return found
 
     def pending_wires(self) -> list[dict[str, Any]]:
-        """Jobs waiting for a place, unvalidated: higher priority first, then older first."""
+        """Jobs waiting for a place, unvalidated: higher priority first, then older first.
+
+        The scheduler reads the whole queue at every pass, and decoding it cost more than the
+        rest of a pass: so this reads uid and resourceVersion first, and decodes only the Jobs
+        it has not seen in that version (`_DECODED`). The wires returned are shared: read them,
+        never change them."""
         table = _table(job.Job.KIND)
-        rows = self.session.execute(
-            select(table)
+        order = (table.c.priority.desc(), table.c.created_at, table.c.name)
+        pending = select(table).where(table.c.phase == "Pending").order_by(*order)
+        keys = self.session.execute(
+            select(table.c.uid, table.c.resource_version)
             .where(table.c.phase == "Pending")
-            .order_by(table.c.priority.desc(), table.c.created_at, table.c.name)
+            .order_by(*order)
         ).all()
-        return [row_to_wire(job.Job, r) for r in rows]
+        if len(keys) > _DECODED_MAX:  # too many to keep: decode them all, as they come
+            return [row_to_wire(job.Job, r) for r in self.session.execute(pending)]
+        missing = [uid for uid, version in keys if _DECODED.get(uid, (None,))[0] != version]
+        if len(_DECODED) + len(missing) > _DECODED_MAX:
+            _DECODED.clear()
+            missing = [uid for uid, _ in keys]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            for row in self.session.execute(select(table).where(table.c.uid.in_(chunk))):
+                _DECODED[row.uid] = (row.resource_version, row_to_wire(job.Job, row))
+        # On PostgreSQL a Job may have changed, left the queue or gone between the two reads:
+        # then the newer row stands, and a Job no longer Pending is left out.
+        found = [_DECODED[uid][1] for uid, _ in keys if uid in _DECODED]
+        return [w for w in found if w["status"].get("phase", "Pending") == "Pending"]
 
     def bindings_of(self, job_uid: str) -> list[binding.Binding]:
         """Every attempt of one Job, oldest first."""
