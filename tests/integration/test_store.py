@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gctl.api import errors, job, meta, pool
+from gctl.api import errors, job, meta, pool, queue
 from gctl.store import db, feed, locations, store
 from tests.builders import make_job
 
@@ -29,6 +29,22 @@ def test_create_assigns_server_fields(database: db.Database) -> None:
     with database.read() as session:
         read = store.Store(session).get(job.Job, "a")
     assert read.wire() == created.wire()
+
+
+def test_jobs_created_together_queue_in_the_order_given(database: db.Database) -> None:
+    with database.write() as session:
+        store.Store(session).create_many([make_job(n).build() for n in ("zeta", "alpha", "mid")])
+    with database.read() as session:
+        reader = store.Store(session)
+        pending = reader.pending_wires()
+        created = {j.name: j.metadata.creation_timestamp for j in reader.list_objects(job.Job)}
+    assert [w["metadata"]["name"] for w in pending] == ["zeta", "alpha", "mid"]
+    assert created["zeta"] < created["alpha"] < created["mid"]
+    assert queue.positions(pending) == {
+        ("default", "zeta"): 1,
+        ("default", "alpha"): 2,
+        ("default", "mid"): 3,
+    }
 
 
 def test_duplicate_create_is_already_exists(database: db.Database) -> None:
