@@ -22,7 +22,7 @@ from datetime import datetime
 
 from bench import jobs as job_benchmarks
 from bench.store import BenchError, Context, Result, progress
-from controller import jobs, placement, scheduling
+from controller import jobs, placement, reading, scheduling
 from gctl.api import job, meta, node
 from gctl.store import db, store
 
@@ -81,8 +81,8 @@ def _revision(database: db.Database) -> int:
 def _time_planner(database: db.Database, now: datetime) -> float:
     with database.read() as session:
         reader = store.Store(session)
-        world = scheduling.read_world(reader)
-        requests = [scheduling.request_of(w, world) for w in reader.pending_wires()]
+        world = reading.read_world(reader)
+        requests = [reading.request_of(w, world) for w in reader.pending_wires()]
     start = time.perf_counter()
     result = placement.plan(world.snapshot, requests, now)
     elapsed = time.perf_counter() - start

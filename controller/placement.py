@@ -18,19 +18,32 @@ A Job left waiting gets a reason, a message shaped like kube-scheduler's ("0/8 G
 6 lack 40Gi free, 2 cordoned"), its place in its pool's queue and, where end times are known,
 an estimated start. Capacity only shrinks while a pass runs, so a request shape that failed a
 step fails it for every later request of that shape: the pass stays fast with 10,000 queued.
+
+The planner's values (Snapshot, Request, Decision ...) live in `snapshot` and are offered here;
+step 4's choice of victims is `preemption`'s, and the checks and messages are `diagnosis`'s.
 """
 
-import fnmatch
-import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from gctl.api import binding, job, quantity, queue
+from controller import diagnosis, preemption, snapshot
+from gctl.api import binding, job, quantity
+
+# The values of `snapshot`, under the names callers use (`placement.Request` ...).
+DEFAULT_POOL = snapshot.DEFAULT_POOL
+GPU = snapshot.GPU
+Allocation = snapshot.Allocation
+Decision = snapshot.Decision
+Node = snapshot.Node
+Placement = snapshot.Placement
+Plan = snapshot.Plan
+Pool = snapshot.Pool
+Request = snapshot.Request
+Snapshot = snapshot.Snapshot
+queue_key = snapshot.queue_key
 
 EPSILON = 1e-9
-DEFAULT_POOL = "default"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NEVER = datetime.max.replace(tzinfo=UTC)
 # The head of a pool's queue: Jobs at these positions get exact messages and, where it can be
@@ -38,124 +51,6 @@ NEVER = datetime.max.replace(tzinfo=UTC)
 # back, estimates are left out and messages are worked out once per request shape and pass.
 QUEUE_HEAD = 100
 RESERVED = "reserved for a Job ahead in the queue"
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    ready: bool = True
-    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
-    state: str | None = None  # "Cordoned" | "Draining" for the whole node
-
-
-@dataclass(frozen=True)
-class GPU:
-    node: str
-    index: int
-    model: str = ""
-    memory_total: int | None = None
-    memory_used: int | None = None  # by every process, as NVML reports it
-    utilization: int | None = None  # percent
-    foreign_memory: int = 0  # held by processes gctl did not start
-    peers: frozenset[int] = frozenset()  # NVLink / PCIe-switch neighbours on this node
-    state: str | None = None  # "Cordoned" | "Draining": takes no new work
-
-
-@dataclass(frozen=True)
-class Pool:
-    """A GPUPool's selector and rules; `Pool()` is the implicit default (every GPU)."""
-
-    name: str = DEFAULT_POOL
-    nodes: frozenset[str] | None = None
-    node_labels: tuple[tuple[str, str], ...] = ()
-    gpu_model: str | None = None
-    gpus: frozenset[int] | None = None
-    max_jobs_per_gpu: int | None = None
-    allow_fractions: bool = True
-    policy: str = "binpack"  # | "spread"
-    preemption: bool = True
-    backfill: bool = False
-    max_utilization_percent: int | None = None
-    max_memory_used_percent: int | None = None
-    enforce_gpu_memory: bool = False
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """An attempt that holds GPUs (an active Binding), with what its Job says about it."""
-
-    namespace: str
-    job: str
-    binding: str
-    node: str
-    gpus: tuple[int, ...]
-    share: float = 1.0
-    memory: int | None = None
-    priority: int = 0
-    preemptible: bool = True
-    started: datetime | None = None
-    ends: datetime | None = None  # by its deadline or its command's usual run time
-    stopping: str | None = None  # the stop reason asked for; the attempt still holds its GPUs
-
-
-@dataclass(frozen=True)
-class Request:
-    """A pending Job, as placement needs it (its profile already applied)."""
-
-    namespace: str
-    name: str
-    gpus: float = 1.0
-    gpu_memory: int | None = None
-    gpu_model: str | None = None
-    node: str | None = None
-    pinned: tuple[int, ...] | None = None
-    pool: str = DEFAULT_POOL
-    priority: int = 0
-    created: datetime | None = None
-    deadline: int | None = None  # activeDeadlineSeconds
-    runtime: timedelta | None = None  # expected: the deadline, or earlier runs' median
-    problem: tuple[str, str] | None = None  # (reason, message): it cannot be queued at all
-
-
-@dataclass(frozen=True)
-class Placement:
-    request: Request
-    node: str
-    gpus: tuple[int, ...]
-    share: float  # of each GPU in `gpus`
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the pass decided for one request: placed, or why it waits."""
-
-    request: Request
-    placement: Placement | None = None
-    victims: tuple[Allocation, ...] = ()  # attempts to stop for it
-    reason: str = ""
-    message: str = ""
-    position: int | None = None  # in its pool's queue, 1 = next
-    estimated_start: datetime | None = None
-    held: tuple[tuple[str, int], ...] = ()  # GPUs (node, index) reserved for it this pass
-
-
-@dataclass
-class Snapshot:
-    nodes: list[Node]
-    gpus: list[GPU]
-    pools: dict[str, Pool] = field(default_factory=dict)
-    allocations: list[Allocation] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Plan:
-    decisions: list[Decision]  # in queue order
-    complete: bool = True  # False: max_placements was reached and later requests wait a pass
-
-
-def queue_key(request: Request) -> tuple[int, datetime, str, str]:
-    """The order `gctl get jobs -o wide` numbers the queue in, too (gctl.api.queue)."""
-    return queue.order_key(request.priority, request.created, request.name, request.namespace)
 
 
 def plan(
@@ -177,53 +72,7 @@ def plan(
     return Plan(decisions)
 
 
-def gist(message: str) -> str:
-    """A message's first clause without its numbers: what must change for a Job deep in the
-    queue to be rewritten ("0/8 GPUs fit: 6 in use, 2 cordoned" -> "#/# GPUs fit: # in use")."""
-    return re.sub(r"\d+(\.\d+)?", "#", message.split(", ", maxsplit=1)[0])
-
-
-# -- the state of one pass ---------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Reservation:
-    holder: Request
-    pool: Pool
-    start: datetime | None  # estimated; None: unknown
-
-
-@dataclass(eq=False)
-class _Slot:
-    """One GPU as the pass sees it: what gctl's attempts take of it, and who holds it."""
-
-    gpu: GPU
-    node: Node
-    share: float = 0.0
-    jobs: int = 0
-    memory: int = 0  # declared gpuMemory of gctl's attempts on it
-    allocations: list[Allocation] = field(default_factory=list)
-    reserved: _Reservation | None = None
-    free_at: datetime | None = None  # on the simulated timeline; None: not known
-
-
-@dataclass
-class _Static:
-    """The GPUs that pass a request shape's fixed filters, grouped by node, and why the rest
-    fail."""
-
-    slots: list[_Slot]
-    groups: list[tuple[str, list[_Slot]]]
-    counts: Counter[str]
-    total: int
-    members: frozenset[tuple[str, int]]
-    takeable: list[tuple[str, list[_Slot]]]  # the groups without GPUs it could never use
-
-
-@dataclass(frozen=True)
-class _Fit:
-    node: str
-    slots: tuple[_Slot, ...]
+gist = diagnosis.gist
 
 
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -231,34 +80,24 @@ def _later(a: datetime | None, b: datetime | None) -> datetime | None:
     return None if a is None or b is None else max(a, b)
 
 
-def _victim_key(victims: Iterable[Allocation], now: datetime) -> tuple[int, int, int, float]:
-    """Fewest, then lowest priority, then most recently started."""
-    chosen = list(victims)
-    if not chosen:
-        return (0, 0, 0, 0.0)
-    priorities = [a.priority for a in chosen]
-    oldest = min((a.started or now) for a in chosen)
-    return (len(chosen), max(priorities), sum(priorities), -oldest.timestamp())
-
-
 class _Planner:
-    def __init__(self, snapshot: Snapshot, now: datetime) -> None:
+    def __init__(self, world: Snapshot, now: datetime) -> None:
         self.now = now
-        self.pools = snapshot.pools
-        nodes = {n.name: n for n in snapshot.nodes}
+        self.pools = world.pools
+        nodes = {n.name: n for n in world.nodes}
         self.nodes = sorted(nodes.values(), key=lambda n: n.name)
         self.slots = [
-            _Slot(gpu, nodes.get(gpu.node, Node(gpu.node, ready=False)), free_at=now)
-            for gpu in sorted(snapshot.gpus, key=lambda g: (g.node, g.index))
+            snapshot.Slot(gpu, nodes.get(gpu.node, Node(gpu.node, ready=False)), free_at=now)
+            for gpu in sorted(world.gpus, key=lambda g: (g.node, g.index))
         ]
         self.free: Counter[str] = Counter(s.gpu.node for s in self.slots)  # GPUs without jobs
         self.node_jobs: Counter[str] = Counter()
-        self.partial: dict[tuple[str, int], _Slot] = {}  # shared GPUs with room left
+        self.partial: dict[tuple[str, int], snapshot.Slot] = {}  # shared GPUs with room left
         self.stopping: set[Allocation] = set()
         self.version = 0  # moves with every change of capacity, for cached messages
-        self._hold(snapshot.allocations)
+        self._hold(world.allocations)
         # What this pass learnt about request shapes: capacity only shrinks while it runs.
-        self.statics: dict[tuple[object, ...], _Static] = {}
+        self.statics: dict[tuple[object, ...], snapshot.Static] = {}
         self.no_fit: set[tuple[object, ...]] = set()
         self.no_wait: set[tuple[object, ...]] = set()
         self.no_preemption: set[tuple[object, ...]] = set()
@@ -268,7 +107,7 @@ class _Planner:
         self.reserved_pools: set[str] = set()
 
     def _hold(self, allocations: Iterable[Allocation]) -> None:
-        by_key = {_at(s): s for s in self.slots}
+        by_key = {snapshot.at(s): s for s in self.slots}
         for allocation in allocations:
             for index in allocation.gpus:
                 slot = by_key.get((allocation.node, index))
@@ -281,7 +120,9 @@ class _Planner:
             if slot.allocations and all(a.stopping for a in slot.allocations):
                 slot.free_at = self.now
 
-    def _occupy(self, slot: _Slot, share: float, memory: int | None, ends: datetime | None) -> None:
+    def _occupy(
+        self, slot: snapshot.Slot, share: float, memory: int | None, ends: datetime | None
+    ) -> None:
         if slot.jobs == 0:
             self.free[slot.gpu.node] -= 1
             slot.free_at = self.now
@@ -365,7 +206,7 @@ class _Planner:
             request.deadline,
         )
 
-    def _place(self, request: Request, found: _Fit) -> Decision:
+    def _place(self, request: Request, found: snapshot.Fit) -> Decision:
         share = request.gpus if request.gpus < 1 else 1.0
         ends = None if request.runtime is None else self.now + request.runtime
         for slot in found.slots:
@@ -375,7 +216,7 @@ class _Planner:
 
     # -- 1. filter ---------------------------------------------------------------------------
 
-    def _static(self, request: Request, pool: Pool) -> _Static:
+    def _static(self, request: Request, pool: Pool) -> snapshot.Static:
         key = (pool.name, request.gpu_model, request.gpu_memory, request.node, request.pinned)
         cached = self.statics.get(key)
         if cached is not None:
@@ -383,19 +224,21 @@ class _Planner:
         counts: Counter[str] = Counter()
         slots = []
         for slot in self.slots:
-            why = _filter(slot, request, pool)
+            why = diagnosis.filter_gpu(slot, request, pool)
             if why is None:
                 slots.append(slot)
             else:
                 counts[why] += 1
-        groups: dict[str, list[_Slot]] = {}
+        groups: dict[str, list[snapshot.Slot]] = {}
         for slot in slots:
             groups.setdefault(slot.gpu.node, []).append(slot)
-        members = frozenset(_at(s) for s in slots)
+        members = frozenset(snapshot.at(s) for s in slots)
         takeable = [
             (name, [s for s in group if _could_take(s, request)]) for name, group in groups.items()
         ]
-        found = _Static(slots, list(groups.items()), counts, len(self.slots), members, takeable)
+        found = snapshot.Static(
+            slots, list(groups.items()), counts, len(self.slots), members, takeable
+        )
         self.statics[key] = found
         return found
 
@@ -403,7 +246,7 @@ class _Planner:
 
     def _blocker(
         self,
-        slot: _Slot,
+        slot: snapshot.Slot,
         request: Request,
         pool: Pool,
         removed: frozenset[Allocation] | set[Allocation] = frozenset(),
@@ -429,7 +272,7 @@ class _Planner:
             return RESERVED
         return None
 
-    def _backfills(self, request: Request, held: _Reservation) -> bool:
+    def _backfills(self, request: Request, held: snapshot.Reservation) -> bool:
         return (
             held.pool.backfill
             and held.start is not None
@@ -441,9 +284,9 @@ class _Planner:
         self,
         request: Request,
         pool: Pool,
-        static: _Static,
+        static: snapshot.Static,
         removed: frozenset[Allocation] | set[Allocation] = frozenset(),
-    ) -> _Fit | None:
+    ) -> snapshot.Fit | None:
         wanted = max(1, int(request.gpus))
         if request.gpus >= 1 or removed or pool.policy == "spread":
             prune = not removed and request.gpus >= 1
@@ -456,12 +299,12 @@ class _Planner:
         self,
         request: Request,
         pool: Pool,
-        static: _Static,
+        static: snapshot.Static,
         wanted: int,
         removed: frozenset[Allocation] | set[Allocation],
         *,
         prune: bool,
-    ) -> _Fit | None:
+    ) -> snapshot.Fit | None:
         """`wanted` GPUs on one node: binpack takes the node left with the fewest free GPUs,
         spread the node running the fewest jobs; then GPUs that are mutual peers (a fraction:
         the emptiest GPU)."""
@@ -482,12 +325,14 @@ class _Planner:
         tied = sorted((o for o in options if o[0] == best), key=lambda o: o[1])
         if request.gpus < 1:
             _, name, usable = tied[0]
-            return _Fit(name, (min(usable, key=lambda s: (s.share, s.gpu.index)),))
+            return snapshot.Fit(name, (min(usable, key=lambda s: (s.share, s.gpu.index)),))
         picks = [(_pick(usable, wanted), name) for _, name, usable in tied]
         (chosen, _), name = next((p for p in picks if p[0][1]), picks[0])
-        return _Fit(name, tuple(chosen))
+        return snapshot.Fit(name, tuple(chosen))
 
-    def _fit_shared(self, request: Request, pool: Pool, static: _Static) -> _Fit | None:
+    def _fit_shared(
+        self, request: Request, pool: Pool, static: snapshot.Static
+    ) -> snapshot.Fit | None:
         """A fraction onto the fullest GPU already shared that still has room."""
         usable = [
             s
@@ -496,14 +341,14 @@ class _Planner:
         ]
         if not usable:
             return None
-        best = min(usable, key=lambda s: (-s.share, self.free[s.gpu.node], _at(s)))
-        return _Fit(best.gpu.node, (best,))
+        best = min(usable, key=lambda s: (-s.share, self.free[s.gpu.node], snapshot.at(s)))
+        return snapshot.Fit(best.gpu.node, (best,))
 
     # -- 3. wait for attempts that are stopping ---------------------------------------------------
 
     def _wait_for_stopping(
-        self, request: Request, pool: Pool, static: _Static, shape: tuple[object, ...]
-    ) -> "_Waiting | None":
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
+    ) -> snapshot.Waiting | None:
         if not self.stopping or shape in self.no_wait:
             return None
         found = self._fit(request, pool, static, removed=self.stopping)
@@ -515,7 +360,7 @@ class _Planner:
         preempted = all(a.stopping == binding.STOP_PREEMPTED for a in stopping)
         what = "preempted job(s)" if preempted else "job(s)"
         gpus = ",".join(str(s.gpu.index) for s in found.slots)
-        return _Waiting(
+        return snapshot.Waiting(
             f"waiting for {len(stopping)} {what} to stop on {found.node} (GPUs [{gpus}] "
             "held for this Job)",
             (),
@@ -523,93 +368,37 @@ class _Planner:
         )
 
     def _reserve(
-        self, request: Request, pool: Pool, slots: Iterable[_Slot], start: datetime | None
+        self, request: Request, pool: Pool, slots: Iterable[snapshot.Slot], start: datetime | None
     ) -> tuple[tuple[str, int], ...]:
-        held = _Reservation(request, pool, start)
+        held = snapshot.Reservation(request, pool, start)
         keys = []
         for slot in slots:
             slot.reserved = held
-            keys.append(_at(slot))
+            keys.append(snapshot.at(slot))
         self.version += 1
         return tuple(keys)
 
     # -- 4. preempt ----------------------------------------------------------------------------
 
-    def _evictable(self, allocation: Allocation, request: Request) -> bool:
-        return (
-            allocation.preemptible
-            and allocation.priority < request.priority
-            and allocation not in self.stopping
-        )
-
-    def _victims_for(self, slot: _Slot, request: Request, pool: Pool) -> list[Allocation] | None:
-        """The fewest, lowest attempts on this GPU whose stop lets the request in, or None."""
-        removed = set(self.stopping)
-        candidates = sorted(
-            (a for a in slot.allocations if self._evictable(a, request)),
-            key=lambda a: (a.priority, -(a.started or self.now).timestamp(), a.binding),
-        )
-        chosen: list[Allocation] = []
-        while self._blocker(slot, request, pool, removed) is not None:
-            if not candidates:
-                return None
-            victim = candidates.pop(0)
-            chosen.append(victim)
-            removed.add(victim)
-        return chosen
-
     def _preempt(
-        self, request: Request, pool: Pool, static: _Static, shape: tuple[object, ...]
-    ) -> "_Waiting | None":
-        if shape in self.no_preemption or not any(
-            self._evictable(a, request) for s in static.slots for a in s.allocations
-        ):
-            self.no_preemption.add(shape)
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
+    ) -> snapshot.Waiting | None:
+        if shape in self.no_preemption:
             return None
-        wanted = max(1, int(request.gpus))
-        options = []
-        for name, slots in static.groups:
-            costs = [
-                (s, v) for s in slots if (v := self._victims_for(s, request, pool)) is not None
-            ]
-            if len(costs) >= wanted:
-                chosen, victims = self._cheapest(costs, wanted)
-                options.append((_victim_key(victims, self.now), name, chosen, victims))
-        options = [o for o in options if o[3]]
-        if not options:
-            self.no_preemption.add(shape)
-            return None
-        _, name, chosen, victims = min(options, key=lambda o: (o[0], o[1]))
-        self.stopping.update(victims)
-        held = self._reserve(request, pool, chosen, None)
-        ordered = sorted(victims, key=lambda a: (a.namespace, a.job))
-        names = ", ".join(f"{a.namespace}/{a.job}" for a in ordered)
-        return _Waiting(
-            f"preempting {len(ordered)} lower-priority job(s) on {name}: {names}",
-            tuple(ordered),
-            held,
+        chosen = preemption.choose(
+            request, pool, static, stopping=self.stopping, blocker=self._blocker, now=self.now
         )
-
-    def _cheapest(
-        self, costs: list[tuple[_Slot, list[Allocation]]], wanted: int
-    ) -> tuple[list[_Slot], set[Allocation]]:
-        """`wanted` GPUs of one node whose victims together are fewest and lowest (greedy)."""
-        chosen: list[_Slot] = []
-        victims: set[Allocation] = set()
-        left = list(costs)
-        while len(chosen) < wanted:
-            slot, cost = min(
-                left, key=lambda c: (_victim_key(victims | set(c[1]), self.now), c[0].gpu.index)
-            )
-            left = [c for c in left if c[0] is not slot]
-            chosen.append(slot)
-            victims |= set(cost)
-        return chosen, victims
+        if chosen is None:
+            self.no_preemption.add(shape)
+            return None
+        self.stopping.update(chosen.victims)
+        held = self._reserve(request, pool, chosen.slots, None)
+        return snapshot.Waiting(chosen.message(), chosen.victims, held)
 
     # -- 5. reserve, estimate and explain --------------------------------------------------------
 
     def _estimate(
-        self, request: Request, pool: Pool, static: _Static, shape: tuple[object, ...]
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
     ) -> tuple[datetime | None, tuple[tuple[str, int], ...]]:
         """Take the request's place on the simulated timeline: the GPUs that free soonest (then
         the most already free). The pool's first blocked Job also reserves them. Returns the
@@ -634,8 +423,8 @@ class _Planner:
         return (start if start > self.now else None), held
 
     def _soonest(
-        self, request: Request, static: _Static, wanted: int, *, reserving: bool
-    ) -> tuple[datetime | None, list[_Slot]] | None:
+        self, request: Request, static: snapshot.Static, wanted: int, *, reserving: bool
+    ) -> tuple[datetime | None, list[snapshot.Slot]] | None:
         """The `wanted` GPUs of one node that free soonest on the simulated timeline, then
         those most already free; a reservation takes no GPU another Job holds."""
         options = []
@@ -661,25 +450,17 @@ class _Planner:
         self,
         request: Request,
         pool: Pool,
-        static: _Static,
+        static: snapshot.Static,
         shape: tuple[object, ...],
         position: int,
     ) -> str:
-        """kube-scheduler's FailedScheduling message: for each GPU the first filter it fails,
-        most frequent first. Deep in the queue it is worked out once per shape and pass."""
+        """Why the request waits (`diagnosis.why`). Deep in the queue it is worked out once per
+        shape and pass."""
         key = (*shape, self.version if position <= QUEUE_HEAD else -1)
         cached = self.messages.get(key)
         if cached is not None:
             return cached
-        counts = Counter(static.counts)
-        fit = 0
-        for slot in static.slots:
-            why = self._blocker(slot, request, pool)
-            if why is None:
-                fit += 1
-            else:
-                counts[why] += 1
-        message = _describe(counts, fit, static.total, max(1, int(request.gpus)))
+        message = diagnosis.why(static, self._blocker, request, pool)
         self.messages[key] = message
         return message
 
@@ -689,7 +470,7 @@ class _Planner:
         counts: Counter[str] = Counter()
         fits = []
         for n in self.nodes:
-            why = _filter_node(n, request, pool)
+            why = diagnosis.filter_node(n, request, pool)
             if why is None:
                 fits.append(n.name)
             else:
@@ -699,32 +480,19 @@ class _Planner:
                 fits.sort(key=lambda name: self.node_jobs[name])
             return Decision(request, placement=Placement(request, fits[0], (), 0.0))
         self.positions[pool.name] += 1
-        details = ", ".join(f"{n} {why}" for why, n in _ranked(counts))
-        message = f"0/{len(self.nodes)} nodes fit" + (f": {details}" if details else "")
         return Decision(
             request,
             reason=job.REASON_UNSCHEDULABLE,
-            message=message,
+            message=diagnosis.why_no_node(counts, len(self.nodes)),
             position=self.positions[pool.name],
         )
 
 
-@dataclass(frozen=True)
-class _Waiting:
-    message: str
-    victims: tuple[Allocation, ...]
-    held: tuple[tuple[str, int], ...]
-
-
-def _at(slot: _Slot) -> tuple[str, int]:
-    return (slot.gpu.node, slot.gpu.index)
-
-
-def _free_soonest(slot: _Slot) -> tuple[datetime, int, int]:
+def _free_soonest(slot: snapshot.Slot) -> tuple[datetime, int, int]:
     return (slot.free_at or NEVER, slot.jobs, slot.gpu.index)
 
 
-def _pick(usable: Sequence[_Slot], wanted: int) -> tuple[list[_Slot], bool]:
+def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.Slot], bool]:
     """`wanted` of a node's usable GPUs, lowest indices first, preferring a set whose members
     are all mutual peers; returns (GPUs, whether they are)."""
     if wanted == 1 or not any(s.gpu.peers for s in usable):
@@ -741,81 +509,8 @@ def _pick(usable: Sequence[_Slot], wanted: int) -> tuple[list[_Slot], bool]:
     return list(usable[:wanted]), False
 
 
-def _could_take(slot: _Slot, request: Request) -> bool:
+def _could_take(slot: snapshot.Slot, request: Request) -> bool:
     """Whether the GPU could take the request once gctl's attempts on it ended (memory held by
     processes gctl did not start does not end with them)."""
     need, total = request.gpu_memory, slot.gpu.memory_total
     return not need or total is None or total - slot.gpu.foreign_memory >= need
-
-
-def _in_pool(pool: Pool, gpu: GPU, node: Node) -> bool:
-    if pool.nodes is not None and gpu.node not in pool.nodes:
-        return False
-    if any(node.labels.get(k) != v for k, v in pool.node_labels):
-        return False
-    if pool.gpus is not None and gpu.index not in pool.gpus:
-        return False
-    return pool.gpu_model is None or _model_matches(gpu.model, pool.gpu_model)
-
-
-def _model_matches(model: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(model.lower(), pattern.lower())
-
-
-def _filter(slot: _Slot, request: Request, pool: Pool) -> str | None:
-    """The first fixed filter a GPU fails for this request (the same for every request of its
-    shape during one pass), or None."""
-    gpu = slot.gpu
-    if not _in_pool(pool, gpu, slot.node):
-        return f"not in pool {pool.name}"
-    if (request.node is not None and gpu.node != request.node) or (
-        request.pinned is not None and gpu.index not in request.pinned
-    ):
-        return "excluded by spec.placement"
-    if not slot.node.ready:
-        return "on NotReady node(s)"
-    if gpu.state is not None:
-        return gpu.state.lower()
-    if request.gpu_model and not _model_matches(gpu.model, request.gpu_model):
-        return f"not model {request.gpu_model}"
-    need, total = request.gpu_memory, gpu.memory_total
-    if need and total is not None and total < need:
-        return f"smaller than {quantity.format_bytes(need)}"
-    return _busy(gpu, pool)
-
-
-def _busy(gpu: GPU, pool: Pool) -> str | None:
-    limit = pool.max_utilization_percent
-    if limit is not None and gpu.utilization is not None and gpu.utilization > limit:
-        return f"busier than pool {pool.name}'s {limit}% utilization limit"
-    limit = pool.max_memory_used_percent
-    used, total = gpu.memory_used, gpu.memory_total
-    if limit is not None and used is not None and total and used * 100 > limit * total:
-        return f"over pool {pool.name}'s {limit}% memory-used limit"
-    return None
-
-
-def _filter_node(n: Node, request: Request, pool: Pool) -> str | None:
-    if pool.nodes is not None and n.name not in pool.nodes:
-        return f"not in pool {pool.name}"
-    if any(n.labels.get(k) != v for k, v in pool.node_labels):
-        return f"not in pool {pool.name}"
-    if request.node is not None and n.name != request.node:
-        return "excluded by spec.placement"
-    if not n.ready:
-        return "NotReady"
-    return None if n.state is None else n.state.lower()
-
-
-def _ranked(counts: Counter[str]) -> list[tuple[str, int]]:
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-
-
-def _describe(counts: Counter[str], fit: int, total: int, wanted: int) -> str:
-    details = ", ".join(f"{n} {why}" for why, n in _ranked(counts))
-    if total == 0:
-        return "0/0 GPUs fit: no Ready node has reported a GPU"
-    if fit:
-        head = f"{fit}/{total} GPUs fit, but no node has {wanted} of them"
-        return f"{head}: {details}" if details else head
-    return f"0/{total} GPUs fit: {details}"

@@ -1,32 +1,13 @@
 """The GPUPool kind: a named set of GPUs, how jobs share them and how they are placed."""
 
-import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 
-from gctl.api import kinds, meta
+from gctl.api import kinds, meta, selection
 
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-
-
-def expand_indices(items: list[int | str]) -> list[int]:
-    """`[0, "2-4", "6,7"]` -> `[0, 2, 3, 4, 6, 7]`; raise ValueError on a malformed item."""
-    found: set[int] = set()
-    for item in items:
-        if isinstance(item, int):
-            found.add(item)
-            continue
-        for part in item.split(","):
-            match = _RANGE.match(part)
-            if match is None:
-                raise ValueError(f"{part.strip()!r} is not a GPU index or a range like 0-3")
-            low = int(match.group(1))
-            high = int(match.group(2) or low)
-            if high < low:
-                raise ValueError(f"range {part.strip()!r} runs backwards")
-            found.update(range(low, high + 1))
-    return sorted(found)
+# Index ranges are read in `selection` (free of pydantic, so the CLI shares it); also here.
+expand_indices = selection.expand_indices
 
 
 def _check_indices(value: object) -> object:

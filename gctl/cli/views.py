@@ -6,11 +6,10 @@ no database. A view of a stored kind is kept in the copy of its wire under `VIEW
 table columns read and -o yaml|json never print.
 """
 
-import fnmatch
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gctl.api import kinds
+from gctl.api import kinds, selection
 
 Wire = dict[str, Any]
 VIEW = "_view"  # the key, in a listed object's copy, of what its table columns show beyond it
@@ -123,37 +122,24 @@ def gpu_rows(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
 # -- pools -------------------------------------------------------------------------------------
 
 
-def _indices(items: list[int | str]) -> set[int]:
-    if all(isinstance(i, int) for i in items):
-        return {int(i) for i in items}
-    from gctl.api import pool  # ranges such as "0-3"; pydantic loads only for them
-
-    return set(pool.expand_indices(items))
-
-
 def pool_gpus(pool: Wire, nodes: Sequence[Wire]) -> set[tuple[str, int]]:
     """The (node, GPU index) pairs of known nodes that a GPUPool's selector matches; every
-    criterion given must hold, as the scheduler reads it (a model is a glob, any case)."""
+    criterion given must hold, by the scheduler's own rule (gctl.api.selection)."""
     selector = pool["spec"].get("selector", {})
     names = selector.get("nodes")
     labels: dict[str, str] = selector.get("nodeLabels") or {}
-    model = selector.get("gpuModel")
-    indices = _indices(selector["gpus"]) if selector.get("gpus") else None
+    model = selector.get("gpuModel") or None
+    indices = set(selection.expand_indices(selector["gpus"])) if selector.get("gpus") else None
     found = set()
     for node in nodes:
         name = node["metadata"]["name"]
-        if names is not None and name not in names:
-            continue
         node_labels = node["metadata"].get("labels", {})
-        if any(node_labels.get(k) != v for k, v in labels.items()):
+        if not selection.takes_node(name, node_labels, names, labels.items()):
             continue
         for gpu in node["status"].get("gpus", []):
             index = int(gpu["index"])
-            if indices is not None and index not in indices:
-                continue
-            if model and not fnmatch.fnmatchcase(str(gpu.get("model", "")).lower(), model.lower()):
-                continue
-            found.add((name, index))
+            if selection.takes_gpu(index, str(gpu.get("model", "")), indices, model):
+                found.add((name, index))
     return found
 
 

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from controller import placement, scheduling
+from controller import placement, reading, scheduling
 from gctl.api import profile
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GI = 2**30
 
 
-def world(**profiles: profile.GPUProfileSpec) -> scheduling.World:
-    return scheduling.World(placement.Snapshot([], []), {}, {}, dict(profiles), {})
+def world(**profiles: profile.GPUProfileSpec) -> reading.World:
+    return reading.World(placement.Snapshot([], []), {}, {}, dict(profiles), {})
 
 
 def wire(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -40,16 +40,16 @@ LLM = profile.GPUProfileSpec(gpus=2, gpu_memory="48Gi", gpu_model="*H100*")
 def test_a_profile_fills_only_what_the_job_leaves_out(
     resources: dict[str, Any], expected: tuple[float, int | None, str | None]
 ) -> None:
-    found = scheduling.request_of(wire({"resources": resources}), world(llm=LLM))
+    found = reading.request_of(wire({"resources": resources}), world(llm=LLM))
     assert (found.gpus, found.gpu_memory, found.gpu_model, found.problem) == (*expected, None)
 
 
 def test_a_missing_profile_and_a_pin_that_no_longer_matches_are_problems() -> None:
-    missing = scheduling.request_of(wire({"resources": {"profile": "gone"}}), world())
+    missing = reading.request_of(wire({"resources": {"profile": "gone"}}), world())
     assert missing.problem is not None
     assert missing.problem[0] == "GPUProfileNotFound"
     pinned = wire({"resources": {"profile": "llm"}, "placement": {"gpus": [0]}})
-    mismatch = scheduling.request_of(pinned, world(llm=LLM)).problem
+    mismatch = reading.request_of(pinned, world(llm=LLM)).problem
     assert mismatch == (
         "Unschedulable",
         "spec.placement.gpus lists 1 GPU(s) but GPUProfile llm asks for 2: list exactly 2",
@@ -57,7 +57,7 @@ def test_a_missing_profile_and_a_pin_that_no_longer_matches_are_problems() -> No
 
 
 def test_pool_and_deadline_are_read() -> None:
-    found = scheduling.request_of(
+    found = reading.request_of(
         wire({"pool": "train", "activeDeadlineSeconds": 60, "priority": 3}), world()
     )
     assert (found.pool, found.deadline, found.runtime, found.priority) == (

@@ -1,0 +1,117 @@
+"""Why a Job waits: the checks a GPU fails, counted into messages like kube-scheduler's.
+
+A GPU's fixed filters (pool, pinned placement, Ready node, cordon or drain, model, size, the
+pool's thresholds) are the same for every request of one shape during a pass; `placement` asks
+them once per shape. A waiting Job's message counts, for each GPU, the first check it fails,
+most frequent first ("0/8 GPUs fit: 6 lack 40Gi free, 2 cordoned"). `gist` is what of such a
+message must change for a Job's status to be rewritten. Pure: no I/O.
+"""
+
+import re
+from collections import Counter
+from collections.abc import Callable
+
+from controller import snapshot
+from gctl.api import quantity, selection
+
+
+def gist(message: str) -> str:
+    """A message's first clause without its numbers: what must change for a Job deep in the
+    queue to be rewritten ("0/8 GPUs fit: 6 in use, 2 cordoned" -> "#/# GPUs fit: # in use")."""
+    return re.sub(r"\d+(\.\d+)?", "#", message.split(", ", maxsplit=1)[0])
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def filter_gpu(slot: snapshot.Slot, request: snapshot.Request, pool: snapshot.Pool) -> str | None:
+    """The first fixed filter a GPU fails for this request (the same for every request of its
+    shape during one pass), or None."""
+    gpu = slot.gpu
+    if not _in_pool(pool, gpu, slot.node):
+        return f"not in pool {pool.name}"
+    if (request.node is not None and gpu.node != request.node) or (
+        request.pinned is not None and gpu.index not in request.pinned
+    ):
+        return "excluded by spec.placement"
+    if not slot.node.ready:
+        return "on NotReady node(s)"
+    if gpu.state is not None:
+        return gpu.state.lower()
+    if request.gpu_model and not selection.model_matches(gpu.model, request.gpu_model):
+        return f"not model {request.gpu_model}"
+    need, total = request.gpu_memory, gpu.memory_total
+    if need and total is not None and total < need:
+        return f"smaller than {quantity.format_bytes(need)}"
+    return _busy(gpu, pool)
+
+
+def filter_node(n: snapshot.Node, request: snapshot.Request, pool: snapshot.Pool) -> str | None:
+    """The first filter a node fails for a CPU-only request, or None."""
+    if not selection.takes_node(n.name, n.labels, pool.nodes, pool.node_labels):
+        return f"not in pool {pool.name}"
+    if request.node is not None and n.name != request.node:
+        return "excluded by spec.placement"
+    if not n.ready:
+        return "NotReady"
+    return None if n.state is None else n.state.lower()
+
+
+def _in_pool(pool: snapshot.Pool, gpu: snapshot.GPU, node: snapshot.Node) -> bool:
+    picked = selection.takes_node(gpu.node, node.labels, pool.nodes, pool.node_labels)
+    return picked and selection.takes_gpu(gpu.index, gpu.model, pool.gpus, pool.gpu_model)
+
+
+def _busy(gpu: snapshot.GPU, pool: snapshot.Pool) -> str | None:
+    limit = pool.max_utilization_percent
+    if limit is not None and gpu.utilization is not None and gpu.utilization > limit:
+        return f"busier than pool {pool.name}'s {limit}% utilization limit"
+    limit = pool.max_memory_used_percent
+    used, total = gpu.memory_used, gpu.memory_total
+    if limit is not None and used is not None and total and used * 100 > limit * total:
+        return f"over pool {pool.name}'s {limit}% memory-used limit"
+    return None
+
+
+# -- the messages ------------------------------------------------------------------------------
+
+
+# The planner's check of a GPU against what the pass has placed so far: why it cannot take the
+# request now, or None.
+Blocker = Callable[[snapshot.Slot, snapshot.Request, snapshot.Pool], str | None]
+
+
+def why(
+    static: snapshot.Static, blocker: Blocker, request: snapshot.Request, pool: snapshot.Pool
+) -> str:
+    """kube-scheduler's FailedScheduling message: for each GPU the first filter it fails (the
+    fixed ones, counted once per shape in `static`, then `blocker`), most frequent first."""
+    counts = Counter(static.counts)
+    fit = 0
+    for slot in static.slots:
+        reason = blocker(slot, request, pool)
+        if reason is None:
+            fit += 1
+        else:
+            counts[reason] += 1
+    return _describe(counts, fit, static.total, max(1, int(request.gpus)))
+
+
+def why_no_node(counts: Counter[str], total: int) -> str:
+    """The message of a CPU-only request that no node takes."""
+    details = ", ".join(f"{n} {reason}" for reason, n in _ranked(counts))
+    return f"0/{total} nodes fit" + (f": {details}" if details else "")
+
+
+def _ranked(counts: Counter[str]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _describe(counts: Counter[str], fit: int, total: int, wanted: int) -> str:
+    details = ", ".join(f"{n} {reason}" for reason, n in _ranked(counts))
+    if total == 0:
+        return "0/0 GPUs fit: no Ready node has reported a GPU"
+    if fit:
+        head = f"{fit}/{total} GPUs fit, but no node has {wanted} of them"
+        return f"{head}: {details}" if details else head
+    return f"0/{total} GPUs fit: {details}"

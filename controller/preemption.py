@@ -1,0 +1,130 @@
+"""Step 4 of a planning pass, preemption: which lower-priority attempts to stop for a Job.
+
+A Job that fits nowhere, not even once the attempts already stopping have ended, may stop
+preemptible attempts of lower priority: on one node, the GPUs whose victims together are the
+fewest, then the lowest, then the most recently started. Pure, like the rest of the planner:
+it reads the pass's slots and returns the choice; `placement` holds the GPUs and stops them.
+"""
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from controller import snapshot
+
+# The planner's check of a GPU: why it cannot take the request now, with the given attempts
+# gone, or None.
+Blocker = Callable[
+    [snapshot.Slot, snapshot.Request, snapshot.Pool, set[snapshot.Allocation]], str | None
+]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The node, its GPUs to hold, and the attempts to stop there (by namespace and Job)."""
+
+    node: str
+    slots: list[snapshot.Slot]
+    victims: tuple[snapshot.Allocation, ...]
+
+    def message(self) -> str:
+        names = ", ".join(f"{a.namespace}/{a.job}" for a in self.victims)
+        return f"preempting {len(self.victims)} lower-priority job(s) on {self.node}: {names}"
+
+
+def evictable(
+    allocation: snapshot.Allocation,
+    request: snapshot.Request,
+    stopping: Collection[snapshot.Allocation],
+) -> bool:
+    return (
+        allocation.preemptible
+        and allocation.priority < request.priority
+        and allocation not in stopping
+    )
+
+
+def choose(
+    request: snapshot.Request,
+    pool: snapshot.Pool,
+    static: snapshot.Static,
+    *,
+    stopping: set[snapshot.Allocation],
+    blocker: Blocker,
+    now: datetime,
+) -> Choice | None:
+    """The cheapest node to preempt on for `request`, or None when no stop lets it in."""
+    if not any(evictable(a, request, stopping) for s in static.slots for a in s.allocations):
+        return None
+    wanted = max(1, int(request.gpus))
+    options = []
+    for name, slots in static.groups:
+        costs = [
+            (s, v)
+            for s in slots
+            if (v := _victims_for(s, request, pool, stopping=stopping, blocker=blocker, now=now))
+            is not None
+        ]
+        if len(costs) >= wanted:
+            chosen, victims = _cheapest(costs, wanted, now)
+            options.append((_victim_key(victims, now), name, chosen, victims))
+    options = [o for o in options if o[3]]
+    if not options:
+        return None
+    _, name, chosen, victims = min(options, key=lambda o: (o[0], o[1]))
+    ordered = sorted(victims, key=lambda a: (a.namespace, a.job))
+    return Choice(name, chosen, tuple(ordered))
+
+
+def _victim_key(
+    victims: Iterable[snapshot.Allocation], now: datetime
+) -> tuple[int, int, int, float]:
+    """Fewest, then lowest priority, then most recently started."""
+    chosen = list(victims)
+    if not chosen:
+        return (0, 0, 0, 0.0)
+    priorities = [a.priority for a in chosen]
+    oldest = min((a.started or now) for a in chosen)
+    return (len(chosen), max(priorities), sum(priorities), -oldest.timestamp())
+
+
+def _victims_for(
+    slot: snapshot.Slot,
+    request: snapshot.Request,
+    pool: snapshot.Pool,
+    *,
+    stopping: set[snapshot.Allocation],
+    blocker: Blocker,
+    now: datetime,
+) -> list[snapshot.Allocation] | None:
+    """The fewest, lowest attempts on this GPU whose stop lets the request in, or None."""
+    removed = set(stopping)
+    candidates = sorted(
+        (a for a in slot.allocations if evictable(a, request, stopping)),
+        key=lambda a: (a.priority, -(a.started or now).timestamp(), a.binding),
+    )
+    chosen: list[snapshot.Allocation] = []
+    while blocker(slot, request, pool, removed) is not None:
+        if not candidates:
+            return None
+        victim = candidates.pop(0)
+        chosen.append(victim)
+        removed.add(victim)
+    return chosen
+
+
+def _cheapest(
+    costs: list[tuple[snapshot.Slot, list[snapshot.Allocation]]], wanted: int, now: datetime
+) -> tuple[list[snapshot.Slot], set[snapshot.Allocation]]:
+    """`wanted` GPUs of one node whose victims together are fewest and lowest (greedy)."""
+    chosen: list[snapshot.Slot] = []
+    victims: set[snapshot.Allocation] = set()
+    left = list(costs)
+    while len(chosen) < wanted:
+        slot, cost = min(
+            left, key=lambda c: (_victim_key(victims | set(c[1]), now), c[0].gpu.index)
+        )
+        left = [c for c in left if c[0] is not slot]
+        chosen.append(slot)
+        victims |= set(cost)
+    return chosen, victims

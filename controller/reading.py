@@ -1,0 +1,288 @@
+"""Step 1 of a scheduling pass, reading: the store as `placement` needs it.
+
+The pending Jobs are read as stored (unvalidated dicts: a pass looks at every one of them, so it
+pays only for those it writes). From the store come the Nodes and their GPUs, the GPUPools, the
+GPUProfiles, the active Bindings and their Jobs, and the run times of recent successful Jobs;
+`read_world` turns them into the planner's snapshot, and `request_of` a pending Job into its
+Request, its GPUProfile applied.
+"""
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from controller import placement
+from gctl.api import binding, job, node, pool, profile, quantity, selection
+from gctl.store import store, tables
+
+HISTORY = 200  # recent successful Jobs whose run times estimate start times
+RUN_TIMES_TTL = 10.0
+_RUN_TIMES: dict[str, tuple[float, dict[str, timedelta]]] = {}  # database -> (read at, times)
+
+Wire = dict[str, Any]
+Key = tuple[str, str]
+
+
+@dataclass
+class World:
+    """What a pass reads besides the queue."""
+
+    snapshot: placement.Snapshot
+    bindings: dict[Key, binding.Binding]  # active, by namespace and name
+    running: dict[Key, Wire]  # the Jobs of those Bindings, by namespace and name
+    profiles: dict[str, profile.GPUProfileSpec]
+    run_times: dict[str, timedelta]  # command -> median run time of its recent successes
+
+
+def read_world(reader: store.Store) -> World:
+    pools = {p.name: pool_of(p) for p in reader.list_objects(pool.GPUPool)}
+    profiles = {p.name: p.spec for p in reader.list_objects(profile.GPUProfile)}
+    nodes, gpus = [], []
+    for n in reader.list_objects(node.Node):
+        found, its_gpus = node_of(n)
+        nodes.append(found)
+        gpus.extend(its_gpus)
+    active = reader.active_bindings()
+    running = _jobs_of(reader, active)
+    run_times = _recent_run_times(reader)
+    allocations = [
+        allocation_of(b, running.get((b.namespace, b.spec.job_name)), run_times) for b in active
+    ]
+    return World(
+        placement.Snapshot(nodes, gpus, pools, allocations),
+        {(b.namespace, b.name): b for b in active},
+        running,
+        profiles,
+        run_times,
+    )
+
+
+def ready(n: node.Node) -> bool:
+    condition = next((c for c in n.status.conditions if c.type == "Ready"), None)
+    return (
+        condition is not None
+        and condition.status == "True"
+        and n.metadata.deletion_timestamp is None
+    )
+
+
+def node_of(n: node.Node) -> tuple[placement.Node, list[placement.GPU]]:
+    spec = n.spec
+    state = "Draining" if spec.draining else "Cordoned" if spec.unschedulable else None
+    found = placement.Node(n.name, ready(n), dict(n.metadata.labels), state)
+    gpus = [
+        placement.GPU(
+            node=n.name,
+            index=g.index,
+            model=g.model,
+            memory_total=g.memory_total,
+            memory_used=g.memory_used,
+            utilization=g.utilization,
+            foreign_memory=g.foreign_memory(),
+            peers=frozenset(g.peers),
+            state=spec.gpu_state(g.index),
+        )
+        for g in n.status.gpus
+    ]
+    return found, gpus
+
+
+def pool_of(p: pool.GPUPool) -> placement.Pool:
+    spec, selector = p.spec, p.spec.selector
+    return placement.Pool(
+        name=p.name,
+        nodes=frozenset(selector.nodes) if selector.nodes else None,
+        node_labels=tuple(sorted((selector.node_labels or {}).items())),
+        gpu_model=selector.gpu_model,
+        gpus=frozenset(selection.expand_indices(selector.gpus)) if selector.gpus else None,
+        max_jobs_per_gpu=spec.max_jobs_per_gpu,
+        allow_fractions=spec.allow_fractions,
+        policy=spec.policy,
+        preemption=spec.preemption,
+        backfill=spec.backfill,
+        max_utilization_percent=spec.max_utilization_percent,
+        max_memory_used_percent=spec.max_memory_used_percent,
+        enforce_gpu_memory=spec.enforce_gpu_memory,
+    )
+
+
+def _jobs_of(reader: store.Store, active: list[binding.Binding]) -> dict[Key, Wire]:
+    names: dict[str, set[str]] = {}
+    for b in active:
+        names.setdefault(b.namespace, set()).add(b.spec.job_name)
+    found: dict[Key, Wire] = {}
+    for namespace, wanted in names.items():
+        ordered = sorted(wanted)
+        for start in range(0, len(ordered), 500):
+            for w in reader.list_wire(job.Job, namespace, names=ordered[start : start + 500]):
+                found[key(w)] = w
+    return found
+
+
+def command_key(command: object) -> str:
+    return repr(command)
+
+
+def _recent_run_times(reader: store.Store) -> dict[str, timedelta]:
+    """`_run_times`, read again at most every RUN_TIMES_TTL seconds per database: estimates
+    need no fresher history, and a pass runs after every Job that ends."""
+    key = str(reader.session.get_bind().engine.url)
+    read_at, found = _RUN_TIMES.get(key, (None, {}))
+    clock = time.monotonic()
+    if read_at is None or clock - read_at > RUN_TIMES_TTL:
+        found = _run_times(reader)
+        _RUN_TIMES[key] = (clock, found)
+    return found
+
+
+def _run_times(reader: store.Store) -> dict[str, timedelta]:
+    """The median run time of each command among the latest successful Jobs (a bounded read).
+
+    The one query of this module that is not a Store operation: it belongs in the Store as a
+    named one once the Store grows it."""
+    table = tables.table_of(job.Job.KIND)
+    rows = reader.session.execute(
+        select(table.c.spec, table.c.status)
+        .where(table.c.phase == "Succeeded")
+        .order_by(table.c.created_at.desc())
+        .limit(HISTORY)
+    ).all()
+    runs: dict[str, list[float]] = {}
+    for raw_spec, raw_status in rows:
+        spec, status = _document(raw_spec), _document(raw_status)
+        started, finished = (
+            parse_time(status.get("startTime")),
+            parse_time(status.get("completionTime")),
+        )
+        if started is not None and finished is not None and finished > started:
+            key = command_key(spec.get("command"))
+            runs.setdefault(key, []).append((finished - started).total_seconds())
+    return {key: timedelta(seconds=statistics.median(times)) for key, times in runs.items()}
+
+
+def _document(value: Any) -> Wire:
+    loaded = json.loads(value) if isinstance(value, str) else value
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def allocation_of(
+    b: binding.Binding, owner: Wire | None, run_times: dict[str, timedelta]
+) -> placement.Allocation:
+    """An active Binding as placement sees it; its end is known from its Job's deadline
+    (counted from the first bind) or, failing that, its command's usual run time."""
+    spec = owner["spec"] if owner else {}
+    status = owner["status"] if owner else {}
+    started = b.status.start_time or b.metadata.creation_timestamp
+    ends = None
+    first_bind = parse_time(status.get("startTime"))
+    if spec.get("activeDeadlineSeconds") and first_bind is not None:
+        ends = first_bind + timedelta(seconds=spec["activeDeadlineSeconds"])
+    elif (usual := run_times.get(command_key(spec.get("command")))) and started is not None:
+        ends = started + usual
+    return placement.Allocation(
+        namespace=b.namespace,
+        job=b.spec.job_name,
+        binding=b.name,
+        node=b.spec.node,
+        gpus=tuple(b.spec.gpus),
+        share=b.spec.gpu_share,
+        memory=b.spec.gpu_memory,
+        priority=int(spec.get("priority", 0)),
+        preemptible=bool(spec.get("preemptible", True)),
+        started=started,
+        ends=ends,
+        stopping=b.spec.stop_reason,
+    )
+
+
+def key(w: Wire) -> Key:
+    return w["metadata"].get("namespace", ""), w["metadata"]["name"]
+
+
+def parse_time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def request_of(w: Wire, world: World) -> placement.Request:
+    """What placement needs of a pending Job, read from its stored form, its GPUProfile applied
+    to the fields the Job leaves out."""
+    spec = w["spec"]
+    namespace, name = key(w)
+    resources = spec.get("resources", {})
+    wanted_profile = resources.get("profile")
+    found = world.profiles.get(wanted_profile) if wanted_profile else None
+    problem = None
+    if wanted_profile and found is None:
+        problem = (
+            job.REASON_PROFILE_NOT_FOUND,
+            f'GPUProfile "{wanted_profile}" not found: apply it, or set resources.gpus '
+            "(and gpuMemory, gpuModel) on the Job",
+        )
+    gpus = resources.get("gpus", found.gpus if found else 1)
+    memory = resources.get("gpuMemory", found.gpu_memory if found else None)
+    pinned_spec = spec.get("placement") or {}
+    pinned = tuple(pinned_spec["gpus"]) if pinned_spec.get("gpus") is not None else None
+    if pinned is not None and problem is None:
+        problem = _pin_mismatch(pinned, float(gpus), wanted_profile)
+    deadline = spec.get("activeDeadlineSeconds")
+    runtime = world.run_times.get(command_key(spec.get("command"))) if world.run_times else None
+    return placement.Request(
+        namespace=namespace,
+        name=name,
+        gpus=float(gpus),
+        gpu_memory=None if memory is None else quantity.parse_bytes(memory),
+        gpu_model=resources.get("gpuModel", found.gpu_model if found else None),
+        node=pinned_spec.get("node"),
+        pinned=pinned,
+        pool=spec.get("pool") or placement.DEFAULT_POOL,
+        priority=int(spec.get("priority", 0)),
+        created=parse_time(w["metadata"].get("creationTimestamp")),
+        deadline=deadline,
+        runtime=timedelta(seconds=deadline) if deadline else runtime,
+        problem=problem,
+    )
+
+
+def _pin_mismatch(
+    pinned: tuple[int, ...], gpus: float, profile_name: str | None
+) -> tuple[str, str] | None:
+    wanted = 1 if 0 < gpus < 1 else int(gpus)
+    if len(pinned) == wanted:
+        return None
+    return (
+        job.REASON_UNSCHEDULABLE,
+        f"spec.placement.gpus lists {len(pinned)} GPU(s) but GPUProfile {profile_name} asks "
+        f"for {quantity.format_gpus(gpus)}: list exactly {wanted}",
+    )
+
+
+def retry_after(w: Wire) -> datetime | None:
+    return parse_time(w["status"].get("retryAfter"))
+
+
+def waiting(w: Wire, now: datetime, succeeded: set[Key]) -> bool:
+    """Whether a pending Job must not be placed yet: suspended, deleting, in back-off, or a
+    dependency has not succeeded (checked here, not trusted from a status field)."""
+    after = retry_after(w)
+    namespace = key(w)[0]
+    return bool(
+        w["spec"].get("suspend")
+        or w["metadata"].get("deletionTimestamp")
+        or (after is not None and after > now)
+        or any((namespace, d) not in succeeded for d in w["spec"].get("dependsOn", []))
+    )
+
+
+def succeeded_dependencies(reader: store.Store, pending: list[Wire]) -> set[Key]:
+    wanted = {(key(w)[0], d) for w in pending for d in w["spec"].get("dependsOn", [])}
+    found = set()
+    for namespace, name in wanted:
+        other = reader.find(job.Job, name, namespace)
+        if other is not None and other.status.phase == "Succeeded":
+            found.add((namespace, name))
+    return found

@@ -1,0 +1,192 @@
+"""What the planner reads and returns, and the state of one of its passes.
+
+The snapshot (Nodes, GPUs, Pools and the Allocations that hold GPUs), a pending Job as a
+Request, and the Decisions of a Plan: plain frozen values, so tests build them by hand. Below
+them, the per-GPU state a pass keeps (`Slot`) and what it works out once per request shape
+(`Static`), shared by `placement`, `preemption` and `diagnosis`. `placement` offers the public
+names here as its own; import them from there.
+"""
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gctl.api import queue
+
+DEFAULT_POOL = "default"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    ready: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    state: str | None = None  # "Cordoned" | "Draining" for the whole node
+
+
+@dataclass(frozen=True)
+class GPU:
+    node: str
+    index: int
+    model: str = ""
+    memory_total: int | None = None
+    memory_used: int | None = None  # by every process, as NVML reports it
+    utilization: int | None = None  # percent
+    foreign_memory: int = 0  # held by processes gctl did not start
+    peers: frozenset[int] = frozenset()  # NVLink / PCIe-switch neighbours on this node
+    state: str | None = None  # "Cordoned" | "Draining": takes no new work
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A GPUPool's selector and rules; `Pool()` is the implicit default (every GPU)."""
+
+    name: str = DEFAULT_POOL
+    nodes: frozenset[str] | None = None
+    node_labels: tuple[tuple[str, str], ...] = ()
+    gpu_model: str | None = None
+    gpus: frozenset[int] | None = None
+    max_jobs_per_gpu: int | None = None
+    allow_fractions: bool = True
+    policy: str = "binpack"  # | "spread"
+    preemption: bool = True
+    backfill: bool = False
+    max_utilization_percent: int | None = None
+    max_memory_used_percent: int | None = None
+    enforce_gpu_memory: bool = False
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An attempt that holds GPUs (an active Binding), with what its Job says about it."""
+
+    namespace: str
+    job: str
+    binding: str
+    node: str
+    gpus: tuple[int, ...]
+    share: float = 1.0
+    memory: int | None = None
+    priority: int = 0
+    preemptible: bool = True
+    started: datetime | None = None
+    ends: datetime | None = None  # by its deadline or its command's usual run time
+    stopping: str | None = None  # the stop reason asked for; the attempt still holds its GPUs
+
+
+@dataclass(frozen=True)
+class Request:
+    """A pending Job, as placement needs it (its profile already applied)."""
+
+    namespace: str
+    name: str
+    gpus: float = 1.0
+    gpu_memory: int | None = None
+    gpu_model: str | None = None
+    node: str | None = None
+    pinned: tuple[int, ...] | None = None
+    pool: str = DEFAULT_POOL
+    priority: int = 0
+    created: datetime | None = None
+    deadline: int | None = None  # activeDeadlineSeconds
+    runtime: timedelta | None = None  # expected: the deadline, or earlier runs' median
+    problem: tuple[str, str] | None = None  # (reason, message): it cannot be queued at all
+
+
+@dataclass(frozen=True)
+class Placement:
+    request: Request
+    node: str
+    gpus: tuple[int, ...]
+    share: float  # of each GPU in `gpus`
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the pass decided for one request: placed, or why it waits."""
+
+    request: Request
+    placement: Placement | None = None
+    victims: tuple[Allocation, ...] = ()  # attempts to stop for it
+    reason: str = ""
+    message: str = ""
+    position: int | None = None  # in its pool's queue, 1 = next
+    estimated_start: datetime | None = None
+    held: tuple[tuple[str, int], ...] = ()  # GPUs (node, index) reserved for it this pass
+
+
+@dataclass
+class Snapshot:
+    nodes: list[Node]
+    gpus: list[GPU]
+    pools: dict[str, Pool] = field(default_factory=dict)
+    allocations: list[Allocation] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: list[Decision]  # in queue order
+    complete: bool = True  # False: max_placements was reached and later requests wait a pass
+
+
+def queue_key(request: Request) -> tuple[int, datetime, str, str]:
+    """The order `gctl get jobs -o wide` numbers the queue in, too (gctl.api.queue)."""
+    return queue.order_key(request.priority, request.created, request.name, request.namespace)
+
+
+# -- the state of one pass ---------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Reservation:
+    holder: Request
+    pool: Pool
+    start: datetime | None  # estimated; None: unknown
+
+
+@dataclass(eq=False)
+class Slot:
+    """One GPU as the pass sees it: what gctl's attempts take of it, and who holds it."""
+
+    gpu: GPU
+    node: Node
+    share: float = 0.0
+    jobs: int = 0
+    memory: int = 0  # declared gpuMemory of gctl's attempts on it
+    allocations: list[Allocation] = field(default_factory=list)
+    reserved: Reservation | None = None
+    free_at: datetime | None = None  # on the simulated timeline; None: not known
+
+
+@dataclass
+class Static:
+    """The GPUs that pass a request shape's fixed filters, grouped by node, and why the rest
+    fail."""
+
+    slots: list[Slot]
+    groups: list[tuple[str, list[Slot]]]
+    counts: Counter[str]
+    total: int
+    members: frozenset[tuple[str, int]]
+    takeable: list[tuple[str, list[Slot]]]  # the groups without GPUs it could never use
+
+
+@dataclass(frozen=True)
+class Fit:
+    node: str
+    slots: tuple[Slot, ...]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request that waits for GPUs held for it (steps 3 and 4), and who is stopped for it."""
+
+    message: str
+    victims: tuple[Allocation, ...]
+    held: tuple[tuple[str, int], ...]
+
+
+def at(slot: Slot) -> tuple[str, int]:
+    """A GPU's key: (node, index)."""
+    return (slot.gpu.node, slot.gpu.index)
