@@ -1,11 +1,13 @@
 """Builders for test objects: `make_job("a").gpus(2).on("n1").build()` and manifest text."""
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import yaml
 
-from gctl.api import job, meta
+from gctl.api import binding, job, meta, node
+from gctl.store import store
 
 
 @dataclass
@@ -68,3 +70,47 @@ def manifests(*builders: JobBuilder) -> str:
 
 def object_meta(name: str, namespace: str | None = None) -> meta.ObjectMeta:
     return meta.ObjectMeta(name=name, namespace=namespace)
+
+
+def make_binding(
+    job_name: str,
+    node_name: str,
+    gpus: list[int],
+    *,
+    phase: str = "Running",
+    stop_reason: str | None = None,
+    share: float = 1.0,
+    pid: int | None = None,
+) -> binding.Binding:
+    """Attempt 1 of `job_name` on `node_name`, as the scheduler and an agent would leave it."""
+    return binding.Binding(
+        metadata=meta.ObjectMeta(name=f"{job_name}-1", namespace="default"),
+        spec=binding.BindingSpec(
+            job_name=job_name,
+            job_uid=f"uid-{job_name}",
+            attempt=1,
+            node=node_name,
+            gpus=gpus,
+            gpu_share=share,
+            stop_reason=stop_reason,
+        ),
+        status=binding.BindingStatus.model_validate({"phase": phase, "pid": pid}),
+    )
+
+
+def put_ready_node(
+    writer: store.Store, name: str, gpus: int, heartbeat: datetime, **gpu_fields: Any
+) -> None:
+    """A Ready Node with `gpus` A100s of 80Gi (or `gpu_fields`), heartbeating at `heartbeat`."""
+    created = writer.create(node.Node(metadata=meta.ObjectMeta(name=name)))
+    created.status.gpus = [
+        node.GPUInfo(
+            index=i,
+            uuid=f"{name}-{i}",
+            **({"model": "A100", "memory_total": 80 * 2**30} | gpu_fields),
+        )
+        for i in range(gpus)
+    ]
+    created.status.heartbeat_time = heartbeat
+    meta.set_condition(created.status.conditions, "Ready", "True", "AgentReady", now=heartbeat)
+    writer.update_status(created)

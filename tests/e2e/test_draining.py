@@ -16,7 +16,7 @@ import pytest
 
 from gctl.api import binding, event, job, meta, node, pool
 from gctl.store import db, store
-from tests.builders import make_job
+from tests.builders import make_binding, make_job
 from tests.conftest import Gctl, Result
 from tests.e2e.test_cli import Lines, error_line, revision
 
@@ -46,27 +46,6 @@ def make_node(name: str, gpus: int = 4, labels: dict[str, str] | None = None) ->
                 for i in range(gpus)
             ],
         ),
-    )
-
-
-def make_binding(
-    job_name: str,
-    node_name: str,
-    gpus: list[int],
-    phase: str = "Running",
-    stop_reason: str | None = None,
-) -> binding.Binding:
-    return binding.Binding(
-        metadata=meta.ObjectMeta(name=f"{job_name}-1", namespace="default"),
-        spec=binding.BindingSpec(
-            job_name=job_name,
-            job_uid=f"uid-{job_name}",
-            attempt=1,
-            node=node_name,
-            gpus=gpus,
-            stop_reason=stop_reason,
-        ),
-        status=binding.BindingStatus(phase=phase),
     )
 
 

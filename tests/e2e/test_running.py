@@ -23,6 +23,7 @@ import yaml
 
 from gctl.api import binding, job, meta, node
 from gctl.store import db, store
+from tests.builders import make_binding
 from tests.conftest import Gctl, Result
 
 DEADLINE = 20.0  # seconds any one thing may take before a test gives up on it
@@ -336,21 +337,6 @@ def _gpu(index: int, used_gi: float, **fields: Any) -> node.GPUInfo:
     )
 
 
-def _binding(job_name: str, node_name: str, gpus: list[int], share: float, pid: int) -> Any:
-    return binding.Binding(
-        metadata=meta.ObjectMeta(name=f"{job_name}-1", namespace="default"),
-        spec=binding.BindingSpec(
-            job_name=job_name,
-            job_uid=f"uid-{job_name}",
-            attempt=1,
-            node=node_name,
-            gpus=gpus,
-            gpu_share=share,
-        ),
-        status=binding.BindingStatus(phase="Running", pid=pid),
-    )
-
-
 @SQLITE_ONLY
 def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Database) -> None:
     """Two nodes of two A100s each, as agents report them: shared, cordoned and drained GPUs,
@@ -362,9 +348,9 @@ def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Databas
         _node("gpu-node-02", [_gpu(0, 0), _gpu(1, 40)], cordonedGPUs=[0], drainingGPUs=[1]),
     ]
     bindings = [
-        _binding("train-small", "gpu-node-01", [0], 1.0, 100),
-        _binding("eval-a", "gpu-node-01", [1], 0.5, 101),
-        _binding("eval-b", "gpu-node-01", [1], 0.5, 102),
+        make_binding("train-small", "gpu-node-01", [0], share=1.0, pid=100),
+        make_binding("eval-a", "gpu-node-01", [1], share=0.5, pid=101),
+        make_binding("eval-b", "gpu-node-01", [1], share=0.5, pid=102),
     ]
     with database.write() as session:
         store.Store(session).create_many([*nodes, *bindings])

@@ -4,22 +4,15 @@ no processes, so every case is exact."""
 from datetime import UTC, datetime, timedelta
 
 from controller import jobs, nodes, scheduling
-from gctl.api import binding, job, meta, node
+from gctl.api import binding, job, node
 from gctl.store import db, store
-from tests.builders import make_job
+from tests.builders import make_job, put_ready_node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _node(writer: store.Store, name: str, gpus: int, heartbeat: datetime = T0) -> None:
-    created = writer.create(node.Node(metadata=meta.ObjectMeta(name=name)))
-    created.status.gpus = [
-        node.GPUInfo(index=i, uuid=f"{name}-{i}", model="A100", memory_total=80 * 2**30)
-        for i in range(gpus)
-    ]
-    created.status.heartbeat_time = heartbeat
-    meta.set_condition(created.status.conditions, "Ready", "True", "AgentReady", now=heartbeat)
-    writer.update_status(created)
+    put_ready_node(writer, name, gpus, heartbeat)
 
 
 def _schedule(database: db.Database, now: datetime = T0) -> None:

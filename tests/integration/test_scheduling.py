@@ -8,7 +8,7 @@ from typing import Any
 from controller import jobs, scheduling
 from gctl.api import binding, job, meta, node, pool, profile, queue
 from gctl.store import db, store
-from tests.builders import make_job
+from tests.builders import make_job, put_ready_node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GI = 2**30
@@ -16,16 +16,7 @@ UNLIMITED = scheduling.Limits(seconds=None)
 
 
 def _node(writer: store.Store, name: str, gpus: int, **fields: Any) -> None:
-    created = writer.create(node.Node(metadata=meta.ObjectMeta(name=name)))
-    created.status.gpus = [
-        node.GPUInfo(
-            index=i, uuid=f"{name}-{i}", **({"model": "A100", "memory_total": 80 * GI} | fields)
-        )
-        for i in range(gpus)
-    ]
-    created.status.heartbeat_time = T0
-    meta.set_condition(created.status.conditions, "Ready", "True", "AgentReady", now=T0)
-    writer.update_status(created)
+    put_ready_node(writer, name, gpus, T0, **fields)
 
 
 def _schedule(
