@@ -34,10 +34,13 @@ EVENT = KindInfo("Event", "events", True, ("event", "ev"), "gctl.api.event")
 GPUPROFILE = KindInfo(
     "GPUProfile", "gpuprofiles", False, ("gpuprofile", "profile", "profiles"), "gctl.api.profile"
 )
+SWEEP = KindInfo("Sweep", "sweeps", True, ("sweep",), "gctl.api.sweep")
+APPLYSET = KindInfo("ApplySet", "applysets", False, ("applyset",), "gctl.api.applyset")
 
-ALL: tuple[KindInfo, ...] = (JOB, GPUPOOL, GPUPROFILE, NODE, BINDING, EVENT)
-# Kinds a user may apply; Nodes, Bindings and Events are written by the agent and controller.
-APPLIABLE: frozenset[str] = frozenset({JOB.kind, GPUPOOL.kind, GPUPROFILE.kind})
+ALL: tuple[KindInfo, ...] = (JOB, SWEEP, GPUPOOL, GPUPROFILE, APPLYSET, NODE, BINDING, EVENT)
+# Kinds a user may apply; Nodes, Bindings and Events are written by the agent and controller,
+# ApplySets by `apply --applyset` and `sync`.
+APPLIABLE: frozenset[str] = frozenset({JOB.kind, SWEEP.kind, GPUPOOL.kind, GPUPROFILE.kind})
 BY_KIND: dict[str, KindInfo] = {info.kind: info for info in ALL}
 _BY_WORD: dict[str, KindInfo] = {
     word: info for info in ALL for word in (*info.aliases, info.kind.lower(), info.plural)

@@ -44,12 +44,23 @@ class Model(BaseModel):
     )
 
 
+class OwnerReference(Model):
+    """The object this one belongs to (a Sweep's Jobs name their Sweep): deleting the owner
+    deletes what it owns. Server-side, like finalizers: never taken from a manifest."""
+
+    kind: str
+    name: str
+    uid: str
+    controller: bool = True  # the owner's controller manages this object
+
+
 class ObjectMeta(Model):
     name: str
     namespace: str | None = None
     labels: Labels = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list)
     uid: str | None = None
     generation: int | None = None
     resource_version: str | None = None

@@ -15,10 +15,12 @@ from typing import Any
 from gctl.api import kinds
 from gctl.store import locations, schema
 
-JSON_COLUMNS = frozenset({"labels", "annotations", "finalizers", "spec", "status"})
+JSON_COLUMNS = frozenset(
+    {"labels", "annotations", "finalizers", "owner_references", "spec", "status"}
+)
 COLUMNS = (
-    "uid", "namespace", "name", "labels", "annotations", "finalizers", "generation",
-    "resource_version", "created_at", "deleted_at", "spec", "status",
+    "uid", "namespace", "name", "labels", "annotations", "finalizers", "owner_references",
+    "generation", "resource_version", "created_at", "deleted_at", "spec", "status",
 )  # fmt: skip
 
 
@@ -54,6 +56,8 @@ def row_to_wire(info: kinds.KindInfo, row: Mapping[Any, Any]) -> dict[str, Any]:
     for key in ("labels", "annotations", "finalizers"):
         if value := _document(row[key]):
             metadata[key] = value
+    if owners := _document(row["owner_references"]):
+        metadata["ownerReferences"] = owners
     metadata["uid"] = row["uid"]
     metadata["generation"] = row["generation"]
     metadata["resourceVersion"] = str(row["resource_version"])

@@ -436,6 +436,7 @@ def _values(obj: meta.Resource) -> dict[str, Any]:
         "labels": obj.metadata.labels,
         "annotations": obj.metadata.annotations,
         "finalizers": obj.metadata.finalizers,
+        "owner_references": wire["metadata"].get("ownerReferences", []),
         "spec": spec,
         "status": status,
         **tables.ROWS[obj.KIND].derived(spec, status),

@@ -56,6 +56,7 @@ class Base(DeclarativeBase):
     type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
         dict[str, Any]: JSONDocument,
         list[str]: JSONDocument,
+        list[dict[str, Any]]: JSONDocument,
         datetime: UTCDateTime(),
     }
 
@@ -69,6 +70,7 @@ class ObjectRow:
     labels: Mapped[dict[str, Any]]
     annotations: Mapped[dict[str, Any]]
     finalizers: Mapped[list[str]]
+    owner_references: Mapped[list[dict[str, Any]]]
     generation: Mapped[int] = mapped_column(BigInteger)
     resource_version: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
@@ -110,6 +112,16 @@ class GPUPoolRow(ObjectRow, Base):
 class GPUProfileRow(ObjectRow, Base):
     __tablename__ = schema.TABLES["GPUProfile"]
     __table_args__ = (Index("uq_gpuprofiles_namespace_name", "namespace", "name", unique=True),)
+
+
+class ApplySetRow(ObjectRow, Base):
+    __tablename__ = schema.TABLES["ApplySet"]
+    __table_args__ = (Index("uq_applysets_namespace_name", "namespace", "name", unique=True),)
+
+
+class SweepRow(ObjectRow, Base):
+    __tablename__ = schema.TABLES["Sweep"]
+    __table_args__ = (Index("uq_sweeps_namespace_name", "namespace", "name", unique=True),)
 
 
 class NodeRow(ObjectRow, Base):
@@ -183,6 +195,8 @@ ROWS: dict[str, type[ObjectRow]] = {
     "Job": JobRow,
     "GPUPool": GPUPoolRow,
     "GPUProfile": GPUProfileRow,
+    "ApplySet": ApplySetRow,
+    "Sweep": SweepRow,
     "Node": NodeRow,
     "Binding": BindingRow,
     "Event": EventRow,
