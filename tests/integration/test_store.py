@@ -242,3 +242,24 @@ def test_unreachable_postgres_is_one_clear_error() -> None:
     database = db.Database(locations.resolve_url("postgresql://postgres@127.0.0.1:1/nothing"))
     with pytest.raises(errors.Unavailable, match=r"127\.0\.0\.1:1/nothing"):
         database.ensure_schema()
+
+
+def test_a_label_is_matched_in_sql(database: db.Database) -> None:
+    _create(
+        database,
+        make_job("a").label("gctl/sweep", "lr").build(),
+        make_job("b").label("gctl/sweep", "lr2").build(),
+        make_job("c").label("gctl/sweep", "lr").label("team", "x").build(),
+        make_job("d").label("team", "lr").build(),
+        make_job("e").label("gctl/sweep", "lr").in_namespace("other").build(),
+        make_job("f").build(),
+    )
+    with database.read() as session:
+        reader = store.Store(session)
+        found = reader.list_wire_labelled(job.Job, "default", "gctl/sweep", "lr")
+        elsewhere = reader.list_wire_labelled(job.Job, "other", "gctl/sweep", "lr")
+        none = reader.list_wire_labelled(job.Job, "default", "gctl/sweep", "nothing")
+    assert [w["metadata"]["name"] for w in found] == ["a", "c"]
+    assert found[1]["metadata"]["labels"] == {"gctl/sweep": "lr", "team": "x"}
+    assert [w["metadata"]["name"] for w in elsewhere] == ["e"]
+    assert none == []
