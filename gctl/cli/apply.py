@@ -1,205 +1,87 @@
 """`gctl apply`, `gctl diff` and `gctl delete -f`: manifests against what the database holds.
 
-Apply is compute-then-apply: read the objects the manifests name, decide each one's action
-with a pure function, then write every action in one transaction. A stale read (someone wrote
-in between) makes the transaction fail and the whole apply run again from a fresh read.
+The decision and its one-transaction write live in `gctl.store.applying`, shared with the
+GitOps sync; this module is the CLI's side of them: the lines apply prints and diff's text.
 """
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
 
-from gctl.api import errors, job, manifest, meta
+from gctl.api import applyset, errors, manifest, meta
 from gctl.cli import printers
-from gctl.store import db, store
+from gctl.store import applying, db
 
-Verb = Literal["created", "configured", "unchanged", "replaced"]
-Key = tuple[str, str, str]  # kind, namespace, name
-_CHUNK = 500  # names per IN (...) query
-
-
-@dataclass(frozen=True)
-class Action:
-    verb: Verb
-    source: manifest.Source
-    desired: meta.Resource  # what the object will be (server fields from `current` if any)
-    current: meta.Resource | None
+# The engine's names, as this module has always offered them.
+Action = applying.Action
+Key = applying.Key
+Verb = applying.Verb
+key_of = applying.key_of
+plan = applying.plan
+snapshot = applying.snapshot
+execute = applying.execute
+apply = applying.apply
 
 
-def key_of(obj: meta.Resource) -> Key:
-    return (obj.KIND, store.namespace_of(type(obj), obj.metadata.namespace), obj.name)
-
-
-def snapshot(reader: store.Store, manifests: Sequence[manifest.Manifest]) -> dict[Key, Any]:
-    """The stored objects the manifests name, read in as few queries as possible."""
-    wanted: dict[tuple[type[meta.Resource], str], list[str]] = {}
-    for m in manifests:
-        cls = type(m.obj)
-        wanted.setdefault((cls, store.namespace_of(cls, m.obj.metadata.namespace)), []).append(
-            m.obj.name
-        )
-    found: dict[Key, meta.Resource] = {}
-    for (cls, namespace), names in wanted.items():
-        for start in range(0, len(names), _CHUNK):
-            for wire in reader.list_wire(cls, namespace, names=names[start : start + _CHUNK]):
-                obj = cls.model_validate(wire)
-                found[key_of(obj)] = obj
-    return found
-
-
-def plan(
-    manifests: Sequence[manifest.Manifest], current: dict[Key, meta.Resource], force: bool
-) -> list[Action]:
-    """Decide what applying each manifest does; pure, so dry runs and tests share it."""
-    actions = []
-    for m in manifests:
-        existing = current.get(key_of(m.obj))
-        if existing is None:
-            actions.append(Action("created", m.source, m.obj, None))
-            continue
-        _check_preconditions(m, existing)
-        desired = existing.model_copy(
-            update={
-                "spec": m.obj.spec,
-                "metadata": existing.metadata.model_copy(
-                    update={
-                        "labels": m.obj.metadata.labels,
-                        "annotations": m.obj.metadata.annotations,
-                    }
-                ),
-            }
-        )
-        if _applied_fields(desired) == _applied_fields(existing):
-            actions.append(Action("unchanged", m.source, existing, existing))
-            continue
-        frozen = _frozen_field_changed(existing, desired)
-        if frozen is not None and not force:
-            raise errors.Forbidden(
-                f'{m.source} ({existing.KIND} "{existing.name}"): {frozen}: cannot change a '
-                f"started Job (phase {existing.status.phase}); apply with --force to delete "
-                "and recreate it"
+def set_options(
+    name: str | None, prune: bool, on_spec_change: str | None, files: Sequence[str]
+) -> applying.SetOptions | None:
+    """`--applyset NAME [--prune] [--on-spec-change P]` as the engine takes them."""
+    if name is None:
+        if prune:
+            raise errors.Invalid(
+                "--prune needs --applyset NAME: gctl prunes only the objects a set applied"
             )
-        actions.append(Action("replaced" if frozen else "configured", m.source, desired, existing))
-    return actions
-
-
-def _applied_fields(obj: meta.Resource) -> tuple[Any, ...]:
-    return obj.spec, obj.metadata.labels, obj.metadata.annotations
-
-
-def _check_preconditions(m: manifest.Manifest, existing: meta.Resource) -> None:
-    """A uid or resourceVersion in the manifest (as `get -o yaml` writes) must still hold."""
-    given = m.obj.metadata
-    where = f'{m.source} ({existing.KIND} "{existing.name}")'
-    if given.uid is not None and given.uid != existing.metadata.uid:
-        raise errors.Conflict(
-            f"{where}: metadata.uid {given.uid} is not the stored object's "
-            f"({existing.metadata.uid}): it was deleted and recreated; remove uid to apply"
-        )
-    rv = given.resource_version
-    if rv is not None and rv != existing.metadata.resource_version:
-        raise errors.Conflict(
-            f"{where}: metadata.resourceVersion {rv} is stale (now "
-            f"{existing.metadata.resource_version}): get it again, or remove resourceVersion"
-        )
-
-
-def _frozen_field_changed(existing: meta.Resource, desired: meta.Resource) -> str | None:
-    """The path of the first immutable field a change touches on a started Job, if any."""
-    if not isinstance(existing, job.Job) or not job.has_started(existing.wire()["status"]):
+        if on_spec_change is not None:
+            raise errors.Invalid(
+                "--on-spec-change needs --applyset NAME; a Job can say spec.onSpecChange itself"
+            )
         return None
-    old, new = existing.wire()["spec"], desired.wire()["spec"]
-    for name in job.IMMUTABLE_ONCE_STARTED:
-        if old.get(name) != new.get(name):
-            return "spec." + _first_difference(name, old.get(name), new.get(name))
-    return None
+    try:
+        applyset.check_name(name)
+    except ValueError as exc:
+        raise errors.Invalid(f"--applyset: {exc}") from None
+    try:
+        policy = applyset.policy(on_spec_change) if on_spec_change is not None else None
+    except ValueError as exc:
+        raise errors.Invalid(f"--on-spec-change: {exc}") from None
+    sources = [f if f == manifest.STDIN else str(Path(f).resolve()) for f in files]
+    return applying.SetOptions(
+        name=name, prune=prune, on_spec_change=policy, source=", ".join(sources)
+    )
 
 
-def _first_difference(path: str, old: Any, new: Any) -> str:
-    # An empty mapping is dropped from the wire: `resources` absent is `resources: {}`.
-    if isinstance(old, dict) and new is None:
-        new = {}
-    elif isinstance(new, dict) and old is None:
-        old = {}
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                return _first_difference(f"{path}.{key}", old.get(key), new.get(key))
-    return path
+def line(action: applying.Action, obj: meta.Resource, suffix: str) -> str:
+    """`job.gctl/hello created`, `job.gctl/old pruned (dry run)`, and why a Job runs again."""
+    why = f" (rerun: {action.rerun})" if action.rerun else ""
+    return f"{obj.ref()} {action.verb}{why}{suffix}"
 
 
-def execute(writer: store.Store, actions: Sequence[Action]) -> list[meta.Resource]:
-    """Write a plan; returns the objects as stored, in the order of the actions."""
-    results: list[meta.Resource | None] = [None] * len(actions)
-    creations = [i for i, a in enumerate(actions) if a.verb == "created"]
-    for action_index, obj in zip(
-        creations, writer.create_many([actions[i].desired for i in creations]), strict=True
-    ):
-        results[action_index] = obj
-    for index, action in enumerate(actions):
-        if action.verb == "unchanged":
-            results[index] = action.desired
-        elif action.verb == "configured":
-            results[index] = writer.update(action.desired)
-        elif action.verb == "replaced":
-            assert action.current is not None
-            _, gone = writer.delete(
-                type(action.current), action.current.name, action.current.metadata.namespace
-            )
-            if not gone:
-                raise errors.Conflict(
-                    f'{action.current.KIND} "{action.current.name}" is still being deleted; '
-                    "apply again once it is gone"
-                )
-            desired = action.desired
-            fresh = desired.model_copy(
-                update={  # a new object: new uid, fresh status
-                    "metadata": meta.ObjectMeta(
-                        name=desired.name,
-                        namespace=desired.metadata.namespace,
-                        labels=desired.metadata.labels,
-                        annotations=desired.metadata.annotations,
-                    ),
-                    "status": type(desired.status)(),
-                }
-            )
-            results[index] = writer.create(fresh)
-    return [obj for obj in results if obj is not None]
-
-
-def apply(
-    database: db.Database, manifests: Sequence[manifest.Manifest], force: bool, dry_run: bool
-) -> list[tuple[Action, meta.Resource]]:
-    if dry_run:
-        with database.read() as session:
-            actions = plan(manifests, snapshot(store.Store(session), manifests), force)
-        return [(a, a.desired) for a in actions]
-
-    def work(writer: store.Store) -> list[tuple[Action, meta.Resource]]:
-        actions = plan(manifests, snapshot(writer, manifests), force)
-        return list(zip(actions, execute(writer, actions), strict=True))
-
-    return store.transact(database, work, retry_on=(errors.Conflict, errors.AlreadyExists))
-
-
-def diff(database: db.Database, manifests: Sequence[manifest.Manifest], force: bool) -> str:
-    """A unified diff of each object as stored against what apply would make it."""
+def diff(
+    database: db.Database,
+    manifests: Sequence[manifest.Manifest],
+    force: bool,
+    options: applying.SetOptions | None = None,
+) -> str:
+    """A unified diff of each object as stored against what apply would make it; a pruned
+    object is diffed against nothing."""
     with database.read() as session:
-        actions = plan(manifests, snapshot(store.Store(session), manifests), force)
+        from gctl.store import store
+
+        actions = applying.decide(store.Store(session), manifests, force, options)
     chunks: list[str] = []
     for action in actions:
         if action.verb == "unchanged":
             continue
         name = "/".join(part for part in key_of(action.desired) if part)
         before = _diffable(action.current) if action.current and action.verb != "replaced" else ""
-        after = _diffable(action.desired)
+        after = "" if action.verb == "pruned" else _diffable(action.desired)
         chunks.extend(
             difflib.unified_diff(
                 before.splitlines(keepends=True),
                 after.splitlines(keepends=True),
                 fromfile=f"live/{name}" if action.current else "/dev/null",
-                tofile=f"merged/{name}",
+                tofile="/dev/null" if action.verb == "pruned" else f"merged/{name}",
             )
         )
     return "".join(chunks)

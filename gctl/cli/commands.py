@@ -39,16 +39,20 @@ def apply(
     force: bool,
     output: str,
     db_url: str | None,
+    applyset: str | None = None,
+    prune: bool = False,
+    on_spec_change: str | None = None,
 ) -> None:
     from gctl.api import manifest
     from gctl.cli import apply as applying
     from gctl.store import db
 
     _check_output(output)
+    options = applying.set_options(applyset, prune, on_spec_change, files)
     manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
     _check_namespace(manifests, namespace)
     database = db.Database.open(db_url)
-    results = applying.apply(database, manifests, force, dry_run)
+    results = applying.apply(database, manifests, force, dry_run, options)
     suffix = " (dry run)" if dry_run else ""
     if output in ("yaml", "json"):
         printers.print_objects(
@@ -58,7 +62,7 @@ def apply(
     lines = []
     for action, obj in results:
         name = obj.ref()
-        lines.append(name if output == "name" else f"{name} {action.verb}{suffix}")
+        lines.append(name if output == "name" else applying.line(action, obj, suffix))
     sys.stdout.write("".join(line + "\n" for line in lines))
 
 
@@ -76,16 +80,24 @@ def _check_namespace(manifests: Sequence[manifest.Manifest], namespace: str | No
 
 
 def diff(
-    *, files: list[str], recursive: bool, namespace: str | None, force: bool, db_url: str | None
+    *,
+    files: list[str],
+    recursive: bool,
+    namespace: str | None,
+    force: bool,
+    db_url: str | None,
+    applyset: str | None = None,
+    prune: bool = False,
 ) -> None:
     from gctl.api import manifest
     from gctl.cli import apply as applying
     from gctl.store import db
 
     try:
+        options = applying.set_options(applyset, prune, None, files)
         manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
         _check_namespace(manifests, namespace)
-        text = applying.diff(db.Database.open(db_url), manifests, force)
+        text = applying.diff(db.Database.open(db_url), manifests, force, options)
     except errors.GctlError as exc:
         _fail(str(exc), code=2)
         return
@@ -296,7 +308,11 @@ def describe(*, resource: str, names: list[str], namespace: str | None, db_url: 
         if info is kinds.JOB and any(queue.queued(w) for w in wires):
             _number_queue(wires, reader.pending_wires())
         now = datetime.now(UTC)
-        texts = [describing.render(w, found, now) for w, found in zip(wires, events, strict=True)]
+        chain = describing.Chain(reader)  # each namespace's Jobs and Sweeps, read once
+        texts = [
+            describing.render(w, found, now, describing.related(reader, w, chain))
+            for w, found in zip(wires, events, strict=True)
+        ]
     sys.stdout.write("\n\n".join(texts))
 
 

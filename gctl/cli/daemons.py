@@ -9,12 +9,16 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gctl.api import errors, names
+
+if TYPE_CHECKING:
+    from controller import sync as syncer
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,20 @@ class AgentOptions:
     heartbeat_seconds: float
     grace_seconds: float
     fence_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class VirtualOptions:
+    """`gctl agent run --simulate`: virtual nodes whose jobs run for a simulated time."""
+
+    nodes: int
+    gpus_per_node: int
+    name_prefix: str
+    gpu_model: str
+    gpu_memory: str
+    labels: list[str]
+    heartbeat_seconds: float
+    time_scale: float
 
 
 def _logging() -> None:
@@ -88,6 +106,29 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
     return the_agent.run
 
 
+def _virtual_runner(
+    db_url: str | None, options: VirtualOptions
+) -> Callable[[threading.Event], None]:
+    from gctl.store import db
+    from nodeagent import virtual
+
+    try:
+        names.check_dns_subdomain(virtual.node_names(options.nodes, options.name_prefix)[-1])
+    except ValueError as exc:
+        raise errors.Invalid(f"--name-prefix: {exc}") from None
+    return virtual.VirtualAgent(
+        db.Database.open(db_url),
+        nodes=options.nodes,
+        gpus_per_node=options.gpus_per_node,
+        name_prefix=options.name_prefix,
+        gpu_model=options.gpu_model,
+        gpu_memory=options.gpu_memory,
+        labels=_labels(options.labels),
+        heartbeat_seconds=options.heartbeat_seconds,
+        time_scale=options.time_scale,
+    ).run
+
+
 def _controller_runner(
     db_url: str | None, node_timeout: float, backoff: float
 ) -> Callable[[threading.Event], None]:
@@ -138,21 +179,118 @@ def _run(runners: list[tuple[str, Callable[[threading.Event], None]]]) -> None:
         raise SystemExit(1)
 
 
-def up(db_url: str | None, options: AgentOptions, node_timeout: float, backoff: float) -> None:
+def up(
+    db_url: str | None,
+    options: AgentOptions,
+    node_timeout: float,
+    backoff: float,
+    syncs: "Sequence[syncer.Options]" = (),
+) -> None:
     _logging()
     _run(
         [
             ("controller", _controller_runner(db_url, node_timeout, backoff)),
             ("agent", _agent_runner(db_url, options)),
+            *(_sync_runner(db_url, sync_options, None) for sync_options in syncs),
         ]
     )
 
 
-def controller(db_url: str | None, node_timeout: float, backoff: float) -> None:
+def controller(
+    db_url: str | None,
+    node_timeout: float,
+    backoff: float,
+    syncs: "Sequence[syncer.Options]" = (),
+) -> None:
     _logging()
-    _run([("controller", _controller_runner(db_url, node_timeout, backoff))])
+    _run(
+        [
+            ("controller", _controller_runner(db_url, node_timeout, backoff)),
+            *(_sync_runner(db_url, options, None) for options in syncs),
+        ]
+    )
+
+
+def sync_options(
+    directory: str,
+    applyset_name: str | None,
+    prune: bool,
+    on_spec_change: str | None,
+    namespace: str | None,
+) -> "syncer.Options":
+    """`gctl sync DIR [--applyset NAME] ...` checked; the set's name defaults to the
+    directory's."""
+    from controller import sync as syncer
+    from gctl.api import applyset, kinds
+
+    path = Path(directory).resolve()
+    if not path.is_dir():
+        raise errors.Invalid(f"{directory}: not a directory (sync takes the directory to follow)")
+    name = applyset_name or applyset.name_for_directory(str(path))
+    try:
+        applyset.check_name(name)
+    except ValueError as exc:
+        raise errors.Invalid(f"--applyset: {exc}") from None
+    try:
+        policy = applyset.policy(on_spec_change) if on_spec_change is not None else None
+        if namespace is not None:
+            names.check_dns_label(namespace)
+    except ValueError as exc:
+        flag = "--on-spec-change" if on_spec_change and "policy" in str(exc) else "-n"
+        raise errors.Invalid(f"{flag}: {exc}") from None
+    return syncer.Options(
+        directory=path,
+        name=name,
+        default_name=applyset_name is None,
+        namespace=namespace or kinds.DEFAULT_NAMESPACE,
+        prune=prune,
+        on_spec_change=policy,
+    )
+
+
+def _print_report(line: str, is_error: bool) -> None:
+    """A sync's lines on the terminal: changes on stdout, errors on stderr."""
+    stream = sys.stderr if is_error else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _sync_runner(
+    db_url: str | None,
+    options: "syncer.Options",
+    report: "syncer.Report | None",
+) -> tuple[str, Callable[[threading.Event], None]]:
+    from controller import sync as syncer
+    from gctl.store import db
+
+    the_sync = syncer.Syncer(db.Database.open(db_url), options, report=report or syncer.log_report)
+    return f"sync-{options.name}", the_sync.run
+
+
+def sync(db_url: str | None, options: "syncer.Options", watch: bool) -> None:
+    """`gctl sync DIR`: one pass (exit 1 with the error if it applied nothing), or with
+    --watch, passes until Ctrl-C or SIGTERM (exit 0)."""
+    if watch:
+        _logging()
+        _run([_sync_runner(db_url, options, _print_report)])
+        return
+    from controller import sync as syncer
+    from gctl.store import db
+
+    database = db.Database.open(db_url)
+    try:
+        outcome = syncer.Syncer(database, options, report=_print_report).sync_once()
+    finally:
+        database.close()
+    if outcome.error is not None:
+        raise SystemExit(1)
 
 
 def agent(db_url: str | None, options: AgentOptions) -> None:
     _logging()
     _run([("agent", _agent_runner(db_url, options))])
+
+
+def virtual_agent(db_url: str | None, options: VirtualOptions) -> None:
+    _logging()
+    _run([("agent", _virtual_runner(db_url, options))])

@@ -6,10 +6,13 @@ Spec and status print as an indented tree with Title Case keys; conditions and e
 import re
 import shlex
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gctl.api import event
 from gctl.cli import printers
+
+if TYPE_CHECKING:
+    from gctl.store import store
 
 _WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _ACRONYMS = {"Gpu": "GPU", "Gpus": "GPUs", "Uid": "UID", "Ttl": "TTL", "Id": "ID"}
@@ -62,7 +65,13 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
     ]
 
 
-def render(wire: dict[str, Any], events: list[event.Event], now: datetime) -> str:
+def render(
+    wire: dict[str, Any],
+    events: list[event.Event],
+    now: datetime,
+    related: list[str] | None = None,
+) -> str:
+    """`related`: sections on other objects (a chain of dependencies, a Sweep's Jobs)."""
     metadata = wire["metadata"]
     created = metadata.get("creationTimestamp")
     head = {
@@ -81,12 +90,13 @@ def render(wire: dict[str, Any], events: list[event.Event], now: datetime) -> st
     if "namespace" not in metadata:
         del head["Namespace"]
     if wire["kind"] == "Job":
-        head |= _queue(wire, now)
+        head |= _queue(wire, now) | _rerun(wire, now)
     lines = [f"{key + ':':<14}{_scalar(value)}" for key, value in head.items()]
     lines.append("Spec:")
     lines.extend(_tree(wire["spec"], 1))
     status = dict(wire["status"])
     conditions = status.pop("conditions", [])
+    status.pop("members", None)  # an ApplySet's, shown as a table of their own (`related`)
     lines.append("Status:")
     lines.extend(_tree(status, 1) if status else ["  " + printers.NONE])
     lines.append("Conditions:" if conditions else f"Conditions:   {printers.NONE}")
@@ -102,6 +112,7 @@ def render(wire: dict[str, Any], events: list[event.Event], now: datetime) -> st
             for c in conditions
         ]
         lines.extend(_table(["Type", "Status", "Reason", "Age", "Message"], rows))
+    lines.extend(related or [])
     lines.append("Events:" if events else f"Events:       {printers.NONE}")
     if events:
         rows = [_event_row(e, now) for e in events]
@@ -131,6 +142,19 @@ def _queue(wire: dict[str, Any], now: datetime) -> dict[str, str]:
     return {key: value for key, value in found.items() if value}
 
 
+def _rerun(wire: dict[str, Any], now: datetime) -> dict[str, str]:
+    """The last re-run acted upon (`gctl rerun`): its token, a UTC time, and its reason."""
+    token = wire["status"].get("rerun")
+    if not token:
+        return {}
+    try:
+        text = f"{token} ({printers.age(token, now)} ago)"
+    except ValueError:  # a token need not be a time: only new matters
+        text = token
+    why = wire["metadata"].get("annotations", {}).get("gctl/rerun-reason")
+    return {"Last Rerun": f"{text}: {why}" if why else text}
+
+
 def _event_row(e: event.Event, now: datetime) -> list[str]:
     def ago(moment: datetime) -> str:
         return printers.human_duration((now - moment).total_seconds())
@@ -140,3 +164,107 @@ def _event_row(e: event.Event, now: datetime) -> list[str]:
     if e.spec.count > 1 and e.spec.first_timestamp:
         when += f" (x{e.spec.count} over {ago(e.spec.first_timestamp)})"
     return [e.spec.type, e.spec.reason, when, e.spec.source or "-", e.spec.message]
+
+
+# -- the chain: dependencies, dependents, a Sweep's Jobs ---------------------------------------
+
+_SWEEP_LABEL = "gctl/sweep"  # gctl.api.sweep.LABEL, without loading pydantic for describe
+
+
+class Chain:
+    """The Jobs and Sweeps of a namespace, read once per `gctl describe` and indexed by what
+    `related` looks up, so that describing many objects is not a scan per object."""
+
+    def __init__(self, reader: "store.Store") -> None:
+        self._reader = reader
+        self._namespaces: dict[str, _Namespace] = {}
+
+    def of(self, namespace: str) -> "_Namespace":
+        if namespace not in self._namespaces:
+            from gctl.api import kinds
+
+            jobs = self._reader.list_wire(kinds.model(kinds.JOB.kind), namespace)
+            sweeps = self._reader.list_wire(kinds.model(kinds.SWEEP.kind), namespace)
+            self._namespaces[namespace] = _Namespace(jobs, sweeps)
+        return self._namespaces[namespace]
+
+
+class _Namespace:
+    def __init__(self, jobs: list[dict[str, Any]], sweeps: list[dict[str, Any]]) -> None:
+        self.phases = {("Job", w["metadata"]["name"]): _phase(w) for w in jobs}
+        self.phases |= {("Sweep", w["metadata"]["name"]): _phase(w) for w in sweeps}
+        self.needed_by: dict[str, list[list[str]]] = {}  # name -> rows of what waits on it
+        for w in (*jobs, *sweeps):
+            if not _owned_by_sweep(w):
+                for name in _depends(w):
+                    row = [w["metadata"]["name"], w["kind"], _phase(w)]
+                    self.needed_by.setdefault(name, []).append(row)
+        self.sweep_jobs: dict[str, list[list[str]]] = {}  # Sweep name -> rows of its Jobs
+        for w in jobs:
+            owner = w["metadata"].get("labels", {}).get(_SWEEP_LABEL)
+            if owner is not None:
+                point = w["metadata"].get("annotations", {}).get("gctl/sweep-point", "")
+                self.sweep_jobs.setdefault(owner, []).append(
+                    [w["metadata"]["name"], _phase(w), point]
+                )
+
+
+def related(reader: "store.Store", wire: dict[str, Any], chain: Chain | None = None) -> list[str]:
+    """What `describe` shows beside a Job or Sweep: who owns it, what it depends on and its
+    phase, what depends on it, and a Sweep's Jobs with their phases. `chain`: the namespaces
+    read already, shared by the objects of one command."""
+    kind = wire["kind"]
+    if kind == "ApplySet":  # its members, a Job's with its phase
+        from gctl.cli import syncing
+
+        return syncing.members_section(reader, wire)
+    if kind not in ("Job", "Sweep"):
+        return []
+    namespace, name = wire["metadata"].get("namespace", ""), wire["metadata"]["name"]
+    known = (chain or Chain(reader)).of(namespace)
+    lines: list[str] = []
+    owners = wire["metadata"].get("ownerReferences", [])
+    if owners:
+        lines.append(f"{'Owned By:':<14}" + ", ".join(f"{o['kind']}/{o['name']}" for o in owners))
+    rows = [_chain_row(d, known.phases) for d in _depends(wire)]
+    lines.extend(_section("Depends On:", ["Name", "Kind", "Phase"], rows))
+    lines.extend(_section("Needed By:", ["Name", "Kind", "Phase"], known.needed_by.get(name, [])))
+    if kind == "Sweep":
+        jobs = known.sweep_jobs.get(name, [])
+        lines.extend(_section("Jobs:", ["Name", "Phase", "Point"], jobs, always=True))
+    return lines
+
+
+def _depends(w: dict[str, Any]) -> list[str]:
+    """What a Job waits for; for a Sweep, what each of its Jobs waits for."""
+    spec = w["spec"]
+    template = spec.get("template", {}).get("spec", {}) if w["kind"] == "Sweep" else {}
+    return list(dict.fromkeys([*template.get("dependsOn", []), *spec.get("dependsOn", [])]))
+
+
+def _phase(w: dict[str, Any]) -> str:
+    if w["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    return str(w["status"].get("phase", "Pending"))
+
+
+def _owned_by_sweep(w: dict[str, Any]) -> bool:
+    """A Sweep's Jobs carry its dependsOn: the Sweep stands for them in "Needed By"."""
+    return any(o.get("kind") == "Sweep" for o in w["metadata"].get("ownerReferences", []))
+
+
+def _chain_row(name: str, phases: dict[tuple[str, str], str]) -> list[str]:
+    """A dependency as the controller resolves it: a Job of that name, else a Sweep."""
+    for kind in ("Job", "Sweep"):
+        if (kind, name) in phases:
+            return [name, kind, phases[(kind, name)]]
+    return [name, printers.NONE, "NotFound (waits until it exists)"]
+
+
+def _section(
+    heading: str, headers: list[str], rows: list[list[str]], *, always: bool = False
+) -> list[str]:
+    """A table under a heading; nothing at all when empty, unless `always`."""
+    if not rows:
+        return [f"{heading:<14}{printers.NONE}"] if always else []
+    return [heading, *_table(headers, rows)]

@@ -92,6 +92,26 @@ def version() -> None:
     print(f"gctl {gctl.__version__}")
 
 
+ApplySetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--applyset", help="Apply as members of this ApplySet (label gctl/applyset=NAME)."
+    ),
+]
+PruneOpt = Annotated[
+    bool,
+    typer.Option("--prune", help="Delete the set's members that are no longer in the input."),
+]
+OnSpecChangeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--on-spec-change",
+        help="refuse | rerun: what a changed command/resources/placement does to a started Job "
+        "(stored in the ApplySet; a Job's own spec.onSpecChange wins).",
+    ),
+]
+
+
 @app.command()
 def apply(
     filename: FilesOpt,
@@ -104,6 +124,9 @@ def apply(
         bool, typer.Option("--force", help="Delete and recreate objects whose change is refused.")
     ] = False,
     output: OutputOpt = "",
+    applyset: ApplySetOpt = None,
+    prune: PruneOpt = False,
+    on_spec_change: OnSpecChangeOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Create or update objects from manifests, all in one transaction."""
@@ -117,6 +140,9 @@ def apply(
         force=force,
         output=output,
         db_url=db,
+        applyset=applyset,
+        prune=prune,
+        on_spec_change=on_spec_change,
     )
 
 
@@ -126,12 +152,51 @@ def diff(
     recursive: RecursiveOpt = False,
     namespace: NamespaceOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Diff as apply --force would.")] = False,
+    applyset: ApplySetOpt = None,
+    prune: PruneOpt = False,
     db: DbOpt = None,
 ) -> None:
     """Show what apply would change, as a unified diff. Exit 0: none, 1: some, 2: error."""
     from gctl.cli import commands
 
-    commands.diff(files=filename, recursive=recursive, namespace=namespace, force=force, db_url=db)
+    commands.diff(
+        files=filename,
+        recursive=recursive,
+        namespace=namespace,
+        force=force,
+        db_url=db,
+        applyset=applyset,
+        prune=prune,
+    )
+
+
+@app.command()
+def sync(
+    directory: Annotated[str, typer.Argument(help="The directory that holds the manifests.")],
+    watch: Annotated[
+        bool,
+        typer.Option("-w", "--watch", help="Keep applying on every change, and revert drift."),
+    ] = False,
+    applyset: Annotated[
+        str | None,
+        typer.Option("--applyset", help="The ApplySet's name (default: the directory's name)."),
+    ] = None,
+    prune: Annotated[
+        bool, typer.Option("--prune/--no-prune", help="Delete members gone from the directory.")
+    ] = True,
+    on_spec_change: OnSpecChangeOpt = None,
+    namespace: NamespaceOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Make the database hold what a directory says (recursively), as one transaction;
+    with --watch, again on every save and whenever a member is changed by hand."""
+    from gctl.cli import daemons
+
+    daemons.sync(
+        db,
+        daemons.sync_options(directory, applyset, prune, on_spec_change, namespace),
+        watch=watch,
+    )
 
 
 GPU_WORDS = ("gpus", "gpu")
@@ -142,7 +207,7 @@ def get(
     resource: Annotated[
         str,
         typer.Argument(
-            help="jobs, pools, gpuprofiles, nodes, bindings, events, gpus; or KIND/NAME."
+            help="jobs, sweeps, pools, gpuprofiles, nodes, bindings, events, gpus; or KIND/NAME."
         ),
     ],
     names: Annotated[list[str] | None, typer.Argument(help="Names to show.")] = None,
@@ -372,6 +437,25 @@ NodeFlagOpt = Annotated[
 
 
 @app.command()
+def rerun(
+    resource: Annotated[str, typer.Argument(help="job, or job/NAME.")],
+    names: Annotated[list[str] | None, typer.Argument(help="The Job's name.")] = None,
+    namespace: NamespaceOpt = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Why, for the Event (default: gctl rerun).")
+    ] = None,
+    db: DbOpt = None,
+) -> None:
+    """Run a Job again, whatever its phase: a running attempt is stopped (not counted as a
+    failure), a finished Job goes back to the queue; attempt numbers go on."""
+    from gctl.cli import rerunning
+
+    rerunning.rerun(
+        resource=resource, names=names or [], namespace=namespace, reason=reason, db_url=db
+    )
+
+
+@app.command()
 def cordon(targets: TargetsArg, node: NodeFlagOpt = None, db: DbOpt = None) -> None:
     """Start no new jobs on GPUs or a node; running jobs go on.
 
@@ -475,6 +559,14 @@ NodeTimeoutOpt = Annotated[
 ]
 
 
+SyncDirOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sync", help="Also keep this directory synced, as `gctl sync DIR --watch` (repeatable)."
+    ),
+]
+
+
 FenceOpt = Annotated[
     float,
     typer.Option(
@@ -483,6 +575,32 @@ FenceOpt = Annotated[
         "below the controller's --node-timeout; 0: never).",
         min=0,
     ),
+]
+
+
+SimulateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simulate",
+        help="Run no processes: each Job 'runs' for its gctl/simulated-duration annotation "
+        "(seconds) on virtual nodes.",
+    ),
+]
+VirtualNodesOpt = Annotated[
+    int | None,
+    typer.Option("--virtual-nodes", help="With --simulate: how many Nodes to play.", min=1),
+]
+GpusPerNodeOpt = Annotated[
+    int, typer.Option("--gpus-per-node", help="With --simulate: GPUs of each Node.", min=0)
+]
+TimeScaleOpt = Annotated[
+    float,
+    typer.Option(
+        "--time-scale", help="With --simulate: run simulated time this many times faster.", min=1e-9
+    ),
+]
+NamePrefixOpt = Annotated[
+    str, typer.Option("--name-prefix", help="With --simulate: Nodes are PREFIX-0001...")
 ]
 
 
@@ -527,10 +645,13 @@ def up(
     fence_after: FenceOpt = 30.0,
     node_timeout: NodeTimeoutOpt = 40.0,
     backoff: BackoffOpt = 10.0,
+    sync_dirs: SyncDirOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Run the controller and a local node agent in one foreground process."""
     from gctl.cli import daemons
+
+    syncs = [daemons.sync_options(d, None, True, None, None) for d in sync_dirs or []]
 
     options = _agent_options(
         node_name,
@@ -543,17 +664,21 @@ def up(
         grace_period,
         fence_after,
     )
-    daemons.up(db, options, node_timeout, backoff)
+    daemons.up(db, options, node_timeout, backoff, syncs)
 
 
 @controller_app.command("run")
 def controller_run(
-    node_timeout: NodeTimeoutOpt = 40.0, backoff: BackoffOpt = 10.0, db: DbOpt = None
+    node_timeout: NodeTimeoutOpt = 40.0,
+    backoff: BackoffOpt = 10.0,
+    sync_dirs: SyncDirOpt = None,
+    db: DbOpt = None,
 ) -> None:
     """Run the controller in the foreground."""
     from gctl.cli import daemons
 
-    daemons.controller(db, node_timeout, backoff)
+    syncs = [daemons.sync_options(d, None, True, None, None) for d in sync_dirs or []]
+    daemons.controller(db, node_timeout, backoff, syncs)
 
 
 @agent_app.command("run")
@@ -567,11 +692,35 @@ def agent_run(
     heartbeat: HeartbeatOpt = 10.0,
     grace_period: GraceOpt = 10.0,
     fence_after: FenceOpt = 30.0,
+    simulate: SimulateOpt = False,
+    virtual_nodes: VirtualNodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = 8,
+    time_scale: TimeScaleOpt = 1.0,
+    name_prefix: NamePrefixOpt = "vnode",
     db: DbOpt = None,
 ) -> None:
-    """Run a node agent for this host in the foreground."""
+    """Run a node agent for this host in the foreground (or, with --simulate, virtual nodes)."""
     from gctl.cli import daemons
 
+    if simulate or virtual_nodes is not None:
+        if not simulate:
+            fail("--virtual-nodes: give --simulate too (virtual nodes run no processes)")
+        if fake_gpus is not None or node_name is not None:
+            fail("--simulate: use --gpus-per-node and --name-prefix, not --fake-gpus/--node-name")
+        daemons.virtual_agent(
+            db,
+            daemons.VirtualOptions(
+                nodes=1 if virtual_nodes is None else virtual_nodes,
+                gpus_per_node=gpus_per_node,
+                name_prefix=name_prefix,
+                gpu_model=gpu_model,
+                gpu_memory=gpu_memory,
+                labels=label or [],
+                heartbeat_seconds=heartbeat,
+                time_scale=time_scale,
+            ),
+        )
+        return
     options = _agent_options(
         node_name,
         fake_gpus,

@@ -140,6 +140,48 @@ def _view(key: str) -> Callable[[Wire, datetime], str]:
     return read
 
 
+def _sweep_status(w: Wire, _now: datetime) -> str:
+    if w["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    return str(w["status"].get("phase", "Pending"))
+
+
+def _sweep_done(w: Wire, _now: datetime) -> str:
+    """`12/20`: Jobs that succeeded, of all the Sweep's points."""
+    status = w["status"]
+    return f"{status.get('succeeded', 0)}/{status.get('total', 0)}"
+
+
+def _sweep_source(w: Wire, _now: datetime) -> str:
+    spec = w["spec"]
+    if "files" in spec:
+        return f"files={spec['files']}"
+    if "matrix" in spec:
+        return "matrix=" + ",".join(sorted(spec["matrix"]))
+    return f"items={len(spec.get('items', []))}"
+
+
+_SOURCE_WIDTH = 36  # so that an ApplySet's row fits 100 columns; -o yaml shows it whole
+
+
+def _applyset_source(w: Wire, _now: datetime) -> str:
+    """The directory a set comes from, its end kept when it is long: `...ts/experiments`."""
+    text = str(w["spec"].get("source") or NONE)
+    return text if len(text) <= _SOURCE_WIDTH else "..." + text[-(_SOURCE_WIDTH - 3) :]
+
+
+def _applyset_synced(w: Wire, _now: datetime) -> str:
+    conditions = w["status"].get("conditions", [])
+    synced = next((c for c in conditions if c["type"] == "Synced"), None)
+    return NONE if synced is None else str(synced["status"])
+
+
+def _applyset_reason(w: Wire, _now: datetime) -> str:
+    conditions = w["status"].get("conditions", [])
+    synced = next((c for c in conditions if c["type"] == "Synced"), None)
+    return NONE if synced is None else str(synced.get("reason") or NONE)
+
+
 def _node_status(w: Wire, _now: datetime) -> str:
     if views.VIEW in w:
         return str(w[views.VIEW]["status"])
@@ -204,6 +246,37 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             ("POS", _pending(_field("status", "queuePosition"))),
             ("ETA", _pending(_job_eta)),
             ("REASON", _field("status", "reason")),
+        ],
+    ),
+    "Sweep": (
+        [
+            _NAME,
+            ("DONE", _sweep_done),
+            ("RUNNING", _field("status", "running", default="0")),
+            ("PENDING", _field("status", "pending", default="0")),
+            ("FAILED", _field("status", "failed", default="0")),
+            ("STATUS", _sweep_status),
+            _AGE,
+        ],
+        [
+            ("MAX-PARALLEL", _field("spec", "maxParallel")),
+            ("OVER", _sweep_source),
+            ("REASON", _field("status", "reason")),
+        ],
+    ),
+    "ApplySet": (
+        [
+            _NAME,
+            ("SOURCE", _applyset_source),
+            ("MEMBERS", lambda w, _now: str(len(w["status"].get("members", [])))),
+            ("SYNCED", _applyset_synced),
+            ("LAST SYNC", lambda w, now: age(w["status"].get("lastSyncTime"), now)),
+            _AGE,
+        ],
+        [
+            ("REASON", _applyset_reason),
+            ("POLICY", _field("spec", "onSpecChange", default="Refuse")),
+            ("DRIFT-REVERTED", _field("status", "driftReverted", default="0")),
         ],
     ),
     "GPUPool": (

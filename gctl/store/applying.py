@@ -1,0 +1,399 @@
+"""Applying manifests: the pure decision over a snapshot, and its write in one transaction.
+
+Compute, then apply: read the objects the manifests name (and, for an ApplySet, its members),
+decide each one's action with a pure function (`plan`, `prune`), then write every action in one
+transaction. A stale read makes the transaction fail and the whole apply run again from a
+fresh read. `gctl apply` and `gctl diff` (gctl.cli.apply) and the GitOps sync (controller.sync)
+share it; the set's members and the ApplySet object itself are gctl.store.applysets'.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from gctl.api import applyset, errors, job, kinds, manifest, meta
+from gctl.store import applysets, db, store
+
+Verb = Literal["created", "configured", "unchanged", "replaced", "pruned"]
+_CHUNK = 500  # names per IN (...) query
+# The annotations gctl writes, a re-run's token and reason: apply keeps the stored values and
+# ignores a manifest's (an old token in a `get -o yaml` dump must not run the Job again).
+# Every other annotation, `gctl/` ones included, is the manifest's.
+SERVER_OWNED = frozenset({job.ANNOTATION_RERUN, job.ANNOTATION_RERUN_REASON})
+
+# The set's names, as apply's callers have always found them here.
+Key = applysets.Key
+SetOptions = applysets.SetOptions
+key_of = applysets.key_of
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: Verb
+    source: manifest.Source | None  # None for a pruned object
+    desired: meta.Resource  # what the object will be (server fields from `current` if any)
+    current: meta.Resource | None
+    rerun: str | None = None  # why a started Job runs again with its new spec
+
+
+def ref_of(obj: meta.Resource) -> str:
+    """`job.gctl/hello`, with the namespace when it is not the default one."""
+    namespace = obj.metadata.namespace
+    where = f"{namespace}/" if namespace and namespace != kinds.DEFAULT_NAMESPACE else ""
+    return f"{obj.KIND.lower()}.gctl/{where}{obj.name}"
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def snapshot(reader: store.Store, manifests: Sequence[manifest.Manifest]) -> dict[Key, Any]:
+    """The stored objects the manifests name, read in as few queries as possible."""
+    wanted: dict[tuple[type[meta.Resource], str], list[str]] = {}
+    for m in manifests:
+        cls = type(m.obj)
+        wanted.setdefault((cls, store.namespace_of(cls, m.obj.metadata.namespace)), []).append(
+            m.obj.name
+        )
+    found: dict[Key, meta.Resource] = {}
+    for (cls, namespace), names in wanted.items():
+        for start in range(0, len(names), _CHUNK):
+            for wire in reader.list_wire(cls, namespace, names=names[start : start + _CHUNK]):
+                obj = cls.model_validate(wire)
+                found[key_of(obj)] = obj
+    return found
+
+
+# -- deciding (pure) ---------------------------------------------------------------------------
+
+
+def plan(
+    manifests: Sequence[manifest.Manifest],
+    current: dict[Key, meta.Resource],
+    force: bool,
+    *,
+    set_name: str | None = None,
+    set_policy: applyset.OnSpecChange | None = None,
+    now: datetime | None = None,
+) -> list[Action]:
+    """Decide what applying each manifest does; pure, so dry runs and tests share it.
+
+    With `set_name`, every object becomes a member of that ApplySet (its label); an object
+    that belongs to another set is refused. `set_policy` is the set's `onSpecChange`."""
+    actions = []
+    for m in manifests:
+        existing = current.get(key_of(m.obj))
+        labels = _labels(m, existing, set_name)
+        if applyset.LABEL in labels:
+            _check_no_ttl(m, labels[applyset.LABEL])
+        given = _without_server_owned(m.obj.metadata.annotations)
+        if existing is None:
+            created = _with_metadata(m.obj, labels, given)
+            actions.append(Action("created", m.source, created, None))
+            continue
+        _check_preconditions(m, existing)
+        annotations = given | _server_owned(existing.metadata.annotations)
+        desired = _with_metadata(existing, labels, annotations).model_copy(
+            update={"spec": m.obj.spec}
+        )
+        if _applied_fields(desired) == _applied_fields(existing):
+            actions.append(Action("unchanged", m.source, existing, existing))
+            continue
+        frozen = _frozen_field_changed(existing, desired)
+        if frozen is None:
+            actions.append(Action("configured", m.source, desired, existing))
+        elif force:
+            actions.append(Action("replaced", m.source, desired, existing))
+        elif _policy(desired, set_policy) == applyset.RERUN:
+            actions.append(
+                _rerun(
+                    m.source,
+                    desired,
+                    existing=existing,
+                    frozen=frozen,
+                    set_name=set_name,
+                    now=now,
+                )
+            )
+        else:
+            raise errors.Forbidden(
+                f'{m.source} ({existing.KIND} "{existing.name}"): {frozen}: cannot change a '
+                f"started Job (phase {existing.status.phase}); apply with --force to delete "
+                "and recreate it, or set spec.onSpecChange: Rerun to stop it and run the new spec"
+            )
+    return actions
+
+
+def prune(members: Iterable[meta.Resource], manifests: Sequence[manifest.Manifest]) -> list[Action]:
+    """The members the input no longer holds: deleted, as `gctl delete` deletes them.
+
+    Objects owned by another (a Sweep's Jobs) go with their owner and are never pruned, and
+    an object already being deleted needs nothing more."""
+    wanted = {key_of(m.obj) for m in manifests}
+    return [
+        Action("pruned", None, obj, obj)
+        for obj in members
+        if key_of(obj) not in wanted
+        and not any(owner.controller for owner in obj.metadata.owner_references)
+        and obj.metadata.deletion_timestamp is None
+    ]
+
+
+def _labels(
+    m: manifest.Manifest, existing: meta.Resource | None, set_name: str | None
+) -> dict[str, str]:
+    """The manifest's labels and the membership label: the set applying it, or else the one
+    it already has (a one-off `gctl apply` of a member does not take it out of its set)."""
+    labels = dict(m.obj.metadata.labels)
+    given = labels.get(applyset.LABEL)
+    held = existing.metadata.labels.get(applyset.LABEL) if existing is not None else None
+    where = f'{m.source} ({m.obj.KIND} "{m.obj.name}")'
+    if set_name is None:
+        if held is not None:
+            labels[applyset.LABEL] = held
+        return labels
+    if given is not None and given != set_name:
+        raise errors.Invalid(
+            f"{where}: metadata.labels.{applyset.LABEL}: {given!r} is not the applyset "
+            f"{set_name!r} being applied; remove the label, gctl sets it"
+        )
+    if held is not None and held != set_name:
+        raise errors.Forbidden(
+            f"{where}: {m.obj.KIND.lower()} {m.obj.name!r} already belongs to applyset "
+            f"{held!r}; remove it from that set's input (and apply it) first"
+        )
+    labels[applyset.LABEL] = set_name
+    return labels
+
+
+def _check_no_ttl(m: manifest.Manifest, set_name: str) -> None:
+    """A member Job's TTL would run it forever: the TTL deletes the finished Job, and the set,
+    whose input still holds it, creates it again."""
+    if isinstance(m.obj, job.Job) and m.obj.spec.ttl_seconds_after_finished is not None:
+        raise errors.Invalid(
+            f'{m.source} (Job "{m.obj.name}"): spec.ttlSecondsAfterFinished: not allowed in '
+            f"applyset {set_name!r}: once the TTL deleted the finished Job, the set would "
+            "recreate it and run it again; remove the field"
+        )
+
+
+def _with_metadata(
+    obj: meta.Resource, labels: dict[str, str], annotations: dict[str, str]
+) -> meta.Resource:
+    metadata = obj.metadata.model_copy(update={"labels": labels, "annotations": annotations})
+    return obj.model_copy(update={"metadata": metadata})
+
+
+def _server_owned(annotations: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k in SERVER_OWNED}
+
+
+def _applied_fields(obj: meta.Resource) -> tuple[Any, ...]:
+    return obj.spec, obj.metadata.labels, obj.metadata.annotations
+
+
+def applied_fingerprint(wire: dict[str, Any]) -> tuple[str, str, str]:
+    """What apply decides of a stored object, comparable across reads: spec, labels and the
+    annotations gctl does not own (a sync tells drift made by hand by it)."""
+    import json
+
+    metadata = wire["metadata"]
+    annotations = _without_server_owned(metadata.get("annotations", {}))
+    return (
+        json.dumps(wire.get("spec", {}), sort_keys=True),
+        json.dumps(metadata.get("labels", {}), sort_keys=True),
+        json.dumps(annotations, sort_keys=True),
+    )
+
+
+def _without_server_owned(annotations: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k not in SERVER_OWNED}
+
+
+def _policy(desired: meta.Resource, set_policy: applyset.OnSpecChange | None) -> str:
+    own = desired.spec.on_spec_change if isinstance(desired, job.Job) else None
+    return applyset.effective_policy(own, set_policy)
+
+
+def _rerun(
+    source: manifest.Source,
+    desired: meta.Resource,
+    *,
+    existing: meta.Resource,
+    frozen: str,
+    set_name: str | None,
+    now: datetime | None,
+) -> Action:
+    """The new spec, and a fresh re-run token: the Job controller stops the old run and
+    starts the new one (once per token), saying why."""
+    token = (now or meta.utcnow()).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    why = f"{frozen} changed" + (f" (applyset {set_name})" if set_name else "")
+    annotations = desired.metadata.annotations | {
+        job.ANNOTATION_RERUN: token,
+        job.ANNOTATION_RERUN_REASON: why,
+    }
+    rerun = _with_metadata(desired, desired.metadata.labels, annotations)
+    return Action("configured", source, rerun, existing, rerun=why)
+
+
+def _check_preconditions(m: manifest.Manifest, existing: meta.Resource) -> None:
+    """A uid or resourceVersion in the manifest (as `get -o yaml` writes) must still hold."""
+    given = m.obj.metadata
+    where = f'{m.source} ({existing.KIND} "{existing.name}")'
+    if given.uid is not None and given.uid != existing.metadata.uid:
+        raise errors.Conflict(
+            f"{where}: metadata.uid {given.uid} is not the stored object's "
+            f"({existing.metadata.uid}): it was deleted and recreated; remove uid to apply"
+        )
+    rv = given.resource_version
+    if rv is not None and rv != existing.metadata.resource_version:
+        raise errors.Conflict(
+            f"{where}: metadata.resourceVersion {rv} is stale (now "
+            f"{existing.metadata.resource_version}): get it again, or remove resourceVersion"
+        )
+
+
+def _frozen_field_changed(existing: meta.Resource, desired: meta.Resource) -> str | None:
+    """The path of the first immutable field a change touches on a started Job, if any."""
+    if not isinstance(existing, job.Job) or not job.has_started(existing.wire()["status"]):
+        return None
+    old, new = existing.wire()["spec"], desired.wire()["spec"]
+    for name in job.IMMUTABLE_ONCE_STARTED:
+        if old.get(name) != new.get(name):
+            return "spec." + _first_difference(name, old.get(name), new.get(name))
+    return None
+
+
+def _first_difference(path: str, old: Any, new: Any) -> str:
+    # An empty mapping is dropped from the wire: `resources` absent is `resources: {}`.
+    if isinstance(old, dict) and new is None:
+        new = {}
+    elif isinstance(new, dict) and old is None:
+        old = {}
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                return _first_difference(f"{path}.{key}", old.get(key), new.get(key))
+    return path
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def decide(
+    reader: store.Store,
+    manifests: Sequence[manifest.Manifest],
+    force: bool,
+    options: SetOptions | None,
+    now: datetime | None = None,
+    *,
+    held: Sequence[meta.Resource] | None = None,
+) -> list[Action]:
+    """Read what the manifests (and the set) touch, then plan: one action per manifest, in
+    order, then one per member to prune. `held`: the set's members, if the caller read them."""
+    if options is None:
+        return plan(manifests, snapshot(reader, manifests), force, now=now)
+    stored = reader.find(applyset.ApplySet, options.name)
+    applysets.check_source(stored, options)
+    policy = options.on_spec_change or (stored.spec.on_spec_change if stored else None)
+    actions = plan(
+        manifests,
+        snapshot(reader, manifests),
+        force,
+        set_name=options.name,
+        set_policy=policy,
+        now=now,
+    )
+    if options.prune:
+        if held is None:
+            held = applysets.members(reader, options.name)
+        actions += prune(held, manifests)
+    return actions
+
+
+def execute(writer: store.Store, actions: Sequence[Action]) -> list[meta.Resource]:
+    """Write a plan; returns the objects as stored, in the order of the actions."""
+    results: list[meta.Resource | None] = [None] * len(actions)
+    creations = [i for i, a in enumerate(actions) if a.verb == "created"]
+    for action_index, obj in zip(
+        creations, writer.create_many([actions[i].desired for i in creations]), strict=True
+    ):
+        results[action_index] = obj
+    for index, action in enumerate(actions):
+        if action.verb == "unchanged":
+            results[index] = action.desired
+        elif action.verb == "configured":
+            results[index] = writer.update(action.desired)
+        elif action.verb == "replaced":
+            results[index] = _replace(writer, action)
+        elif action.verb == "pruned":
+            # The door `gctl delete` uses: a running Job is marked, and the controller stops
+            # its process before it goes.
+            obj = action.desired
+            results[index], _ = writer.delete(
+                type(obj), obj.name, obj.metadata.namespace, uid=obj.metadata.uid
+            )
+    return [obj for obj in results if obj is not None]
+
+
+def _replace(writer: store.Store, action: Action) -> meta.Resource:
+    assert action.current is not None
+    _, gone = writer.delete(
+        type(action.current), action.current.name, action.current.metadata.namespace
+    )
+    if not gone:
+        raise errors.Conflict(
+            f'{action.current.KIND} "{action.current.name}" is still being deleted; '
+            "apply again once it is gone"
+        )
+    desired = action.desired
+    fresh = desired.model_copy(
+        update={  # a new object: new uid, fresh status
+            "metadata": meta.ObjectMeta(
+                name=desired.name,
+                namespace=desired.metadata.namespace,
+                labels=desired.metadata.labels,
+                annotations=_without_server_owned(desired.metadata.annotations),
+            ),
+            "status": type(desired.status)(),
+        }
+    )
+    return writer.create(fresh)
+
+
+def apply_in(
+    writer: store.Store,
+    manifests: Sequence[manifest.Manifest],
+    force: bool,
+    options: SetOptions | None,
+    now: datetime | None = None,
+) -> list[tuple[Action, meta.Resource]]:
+    """Decide and write, inside the caller's transaction; with a set, record it too."""
+    if options is None:
+        actions = decide(writer, manifests, force, None, now)
+        return list(zip(actions, execute(writer, actions), strict=True))
+    held = applysets.members(writer, options.name)
+    actions = decide(writer, manifests, force, options, now, held=held)
+    results = list(zip(actions, execute(writer, actions), strict=True))
+    applysets.record_set(writer, options, results, now or writer.clock(), held=held)
+    return results
+
+
+def apply(
+    database: db.Database,
+    manifests: Sequence[manifest.Manifest],
+    force: bool,
+    dry_run: bool,
+    options: SetOptions | None = None,
+) -> list[tuple[Action, meta.Resource]]:
+    """Apply in one transaction, retried from a fresh read on a stale one; or, in a dry run,
+    only decide."""
+    if dry_run:
+        with database.read() as session:
+            actions = decide(store.Store(session), manifests, force, options)
+        return [(a, a.desired) for a in actions]
+    return store.transact(
+        database,
+        lambda writer: apply_in(writer, manifests, force, options),
+        retry_on=(errors.Conflict, errors.AlreadyExists),
+    )
