@@ -1,8 +1,9 @@
 """The controller's loop: wake on the change feed or a due timer, reconcile what changed.
 
-A change to a Job or to one of its Bindings reconciles that Job; a change to a Node reconciles
-the Node; a change that can free or need GPUs runs a scheduling pass (a heartbeat, a Job that
-started, an attempt reported Running do not). Reconcilers return when they want to run again
+A change to a Job or to one of its Bindings reconciles that Job, and a change to a Sweep or
+to one of its Jobs reconciles that Sweep; a change to a Node reconciles the Node; a change
+that can free or need GPUs runs a scheduling pass (a heartbeat, a Job that started, an
+attempt reported Running do not). Reconcilers return when they want to run again
 (deadlines, back-offs, heartbeat timeouts); the loop keeps those in a heap. Each reconcile is
 its own transaction, retried from a fresh read on a conflict; an error in one is logged and
 retried, and never stops the loop.
@@ -18,8 +19,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import jobs, nodes, scheduling
-from gctl.api import binding, job, meta, node
+from controller import jobs, nodes, scheduling, sweeps
+from gctl.api import binding, job, meta, node, sweep
 from gctl.store import db, feed, store
 
 log = logging.getLogger("gctl.controller")
@@ -64,6 +65,8 @@ class Controller:
             return jobs.reconcile(writer, namespace, name, now, self.backoff_base)
         if kind == "Node":
             return nodes.reconcile(writer, name, now, self.node_timeout, self._seen)
+        if kind == "Sweep":
+            return sweeps.reconcile(writer, namespace, name, now)
         return scheduling.schedule(writer, now)
 
     def reconcile(self, key: Key) -> None:
@@ -104,6 +107,7 @@ class Controller:
             reader = store.Store(session)
             jobs_now = reader.list_wire(job.Job)
             keys: set[Key] = {("Node", "", n.name) for n in reader.list_objects(node.Node)}
+            keys |= {("Sweep", s.namespace, s.name) for s in reader.list_objects(sweep.Sweep)}
         self._dependents.clear()
         for wire in jobs_now:
             self._track_dependencies("MODIFIED", wire)
@@ -142,6 +146,15 @@ class Controller:
                     keys.add(SCHEDULE)
                 if phase in job.FINISHED_PHASES or change.type == "DELETED":
                     # Dependents of a finished Job may now run, or fail.
+                    waiting = self._dependents.get((change.namespace, change.name), set())
+                    keys |= waiting | ({SCHEDULE} if waiting else set())
+                if (owner := sweep.owner(change.object)) is not None:  # its Sweep's progress
+                    keys.add(("Sweep", change.namespace, owner[0]))
+            elif change.kind == "Sweep":
+                keys.add(("Sweep", change.namespace, change.name))
+                phase = change.object["status"].get("phase", "Pending")
+                if phase in job.FINISHED_PHASES or change.type == "DELETED":
+                    # A dependsOn name may be a Sweep's: its dependents may now run, or fail.
                     waiting = self._dependents.get((change.namespace, change.name), set())
                     keys |= waiting | ({SCHEDULE} if waiting else set())
             elif change.kind == "Binding":

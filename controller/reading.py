@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from controller import placement
+from controller import placement, sweeps
 from gctl.api import binding, job, node, pool, profile, quantity, selection
 from gctl.store import store, tables
 
@@ -282,7 +282,7 @@ def succeeded_dependencies(reader: store.Store, pending: list[Wire]) -> set[Key]
     wanted = {(key(w)[0], d) for w in pending for d in w["spec"].get("dependsOn", [])}
     found = set()
     for namespace, name in wanted:
-        other = reader.find(job.Job, name, namespace)
-        if other is not None and other.status.phase == "Succeeded":
+        # A Job of that name, else a Sweep: succeeded once all its Jobs have (controller.sweeps)
+        if sweeps.dependency(reader, namespace, name).phase == "Succeeded":
             found.add((namespace, name))
     return found

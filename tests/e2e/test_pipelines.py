@@ -1,0 +1,182 @@
+"""Sweeps and pipelines for real: `gctl up` on fake GPUs, real processes, real files.
+
+`gctl up` runs from the repository's root, as the examples expect (their workingDir is
+relative to it); each test gives the steps a work directory of its own.
+"""
+
+import itertools
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import GCTL_BIN, Gctl
+from tests.e2e.test_jobs import job, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+PIPELINE = REPO / "manifests" / "examples" / "pipeline" / "pipeline.yaml"
+
+
+@pytest.fixture
+def up(gctl: Gctl, tmp_path: Path) -> Iterator[None]:
+    """`gctl up` with 8 fake GPUs, until the node is Ready."""
+    log = open(tmp_path / "up.log", "ab")  # noqa: SIM115 - the child keeps it
+    process = subprocess.Popen(
+        [
+            *(GCTL_BIN, "up", "--fake-gpus", "8", "--state-dir", str(tmp_path / "state")),
+            *("--heartbeat", "0.5", "--backoff", "0.2", "--grace-period", "1"),
+        ],
+        stdout=log,
+        stderr=log,
+        env={**gctl.env(), "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=REPO,
+    )
+    log.close()
+    try:
+        wait_for(lambda: "Ready" in gctl.ok("get", "nodes"), "the node to be Ready")
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _apply(gctl: Gctl, documents: list[dict[str, Any]], *args: str) -> None:
+    gctl.ok("apply", "-f", "-", *args, stdin=json.dumps({"kind": "List", "items": documents}))
+
+
+def _sweep(gctl: Gctl, name: str, namespace: str = "default") -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(gctl.ok("get", "sweep", name, "-n", namespace, "-o", "json"))
+    return found
+
+
+def _phase(gctl: Gctl, name: str, namespace: str = "default") -> str | None:
+    out = gctl.ok("get", "job", name, "-n", namespace, "-o", "json")
+    phase: str | None = json.loads(out)["status"].get("phase")
+    return phase
+
+
+def _pipeline(work: Path, *, without_eval: bool = False) -> list[dict[str, Any]]:
+    """The example pipeline, its steps writing to `work`; without eval as its README says."""
+    documents = [d for d in yaml.safe_load_all(PIPELINE.read_text()) if d]
+    for document in documents:
+        spec = (
+            document["spec"]["template"]["spec"]
+            if document["kind"] == "Sweep"
+            else document["spec"]
+        )
+        spec["env"]["WORK"] = str(work)
+    if without_eval:
+        documents = [d for d in documents if d["metadata"]["name"] != "eval"]
+        collect = next(d for d in documents if d["metadata"]["name"] == "collect")
+        collect["spec"]["dependsOn"].remove("eval")
+    return documents
+
+
+@pytest.mark.usefixtures("up")
+def test_a_sweep_over_twenty_config_files_runs_twenty_jobs(gctl: Gctl, tmp_path: Path) -> None:
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for i in range(20):
+        (configs / f"run-{i:02d}.toml").write_text(f"seed = {i}\n")
+    sweep = {
+        "apiVersion": "gctl/v1",
+        "kind": "Sweep",
+        "metadata": {"name": "cfg"},
+        "spec": {
+            "files": "configs/*.toml",
+            "template": {
+                "spec": {
+                    "command": "mkdir -p out && cp {file} out/{stem}.txt && sleep 0.1",
+                    "workingDir": str(tmp_path),
+                }
+            },
+        },
+    }
+    _apply(gctl, [sweep])
+
+    def done() -> bool:
+        return gctl.ok("get", "sweeps").splitlines()[1].split()[1:2] == ["20/20"]
+
+    wait_for(done, "the sweep to show 20/20", timeout=90)
+    row = gctl.ok("get", "sweeps").splitlines()[1].split()
+    assert row[:6] == ["cfg", "20/20", "0", "0", "0", "Succeeded"]
+    names = gctl.ok("get", "jobs", "-l", "gctl/sweep=cfg", "-o", "name").split()
+    assert len(names) == 20
+    assert "job.gctl/cfg-run-07" in names
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        f"run-{i:02d}.txt" for i in range(20)
+    ]
+    status = _sweep(gctl, "cfg")["status"]
+    assert (status["succeeded"], status["total"], status["phase"]) == (20, 20, "Succeeded")
+
+
+@pytest.mark.usefixtures("up")
+def test_the_example_pipeline_runs_train_merge_eval_collect(gctl: Gctl, tmp_path: Path) -> None:
+    work, lean = tmp_path / "work", tmp_path / "lean"
+    _apply(gctl, _pipeline(work))
+    _apply(gctl, _pipeline(lean, without_eval=True), "-n", "lean")
+    wait_for(lambda: _phase(gctl, "collect") == "Succeeded", "collect to succeed", timeout=90)
+    report = (work / "report.txt").read_text().splitlines()
+    written = [(work / f"model-{seed}.txt").read_text().strip() for seed in (1, 2, 3)]
+    assert report == [
+        *(f"model-{seed}: {text}" for seed, text in zip((1, 2, 3), written, strict=True)),
+        f"merged: {(work / 'merged.txt').read_text().strip()}",
+        f"eval: {(work / 'eval.txt').read_text().strip()}",
+    ]
+    steps = [job(gctl, name)["status"] for name in ("merge", "eval", "collect")]
+    trained = [job(gctl, f"train-{seed}")["status"]["completionTime"] for seed in (1, 2, 3)]
+    assert max(trained) <= steps[0]["startTime"]
+    for before, after in itertools.pairwise(steps):
+        assert before["completionTime"] <= after["startTime"]
+    described = gctl.ok("describe", "job", "collect")
+    assert "Depends On:" in described
+    assert "merge  Job   Succeeded" in described
+    wait_for(
+        lambda: _phase(gctl, "collect", "lean") == "Succeeded", "collect without eval", timeout=60
+    )
+    assert (lean / "report.txt").read_text().splitlines()[-1] == "eval: skipped"
+    assert not (lean / "eval.txt").exists()
+
+
+@pytest.mark.usefixtures("up")
+def test_a_failing_step_fails_its_dependents(gctl: Gctl, tmp_path: Path) -> None:
+    def step(name: str, command: str, *depends: str) -> dict[str, Any]:
+        spec = {"command": command, "resources": {"gpus": 0}, "dependsOn": list(depends)}
+        return {"apiVersion": "gctl/v1", "kind": "Job", "metadata": {"name": name}, "spec": spec}
+
+    grid = {
+        "apiVersion": "gctl/v1",
+        "kind": "Sweep",
+        "metadata": {"name": "grid"},
+        "spec": {
+            "items": ["0", "1", "3"],
+            "template": {"spec": {"command": "exit {item}", "resources": {"gpus": 0}}},
+        },
+    }
+    _apply(
+        gctl,
+        [
+            step("first", "exit 2"),
+            step("second", "true", "first"),
+            step("third", "true", "second"),
+            grid,
+            step("report", "true", "grid"),
+        ],
+    )
+    for name in ("second", "third", "report"):
+        wait_for(lambda n=name: _phase(gctl, n) == "Failed", f"{name} to fail", timeout=60)
+    third, report = job(gctl, "third")["status"], job(gctl, "report")["status"]
+    assert (third["reason"], third["message"]) == ("DependencyFailed", "dependency second failed")
+    assert report["reason"] == "DependencyFailed"
+    assert report["message"] == "dependency sweep grid failed (2/3 children failed)"
+    assert "attempts" not in third or third["attempts"] == 0
+    assert not os.path.exists(tmp_path / "never")

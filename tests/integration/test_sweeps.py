@@ -1,0 +1,289 @@
+"""Sweeps and dependsOn against a real database (SQLite and PostgreSQL): the real reconcilers,
+one step at a time, with a fixed clock and no processes."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from controller import jobs, scheduling, sweeps
+from gctl.api import binding, job, meta, sweep
+from gctl.store import db, store
+from tests.builders import make_job, put_ready_node
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _sweep(name: str, **spec: Any) -> sweep.Sweep:
+    spec.setdefault("template", {"spec": {"command": ["echo", "{item}"], "resources": {"gpus": 0}}})
+    return sweep.Sweep.model_validate(
+        {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    )
+
+
+def _create(database: db.Database, *objects: meta.Resource) -> None:
+    with database.write() as session:
+        store.Store(session).create_many(list(objects))
+
+
+def _reapply(database: db.Database, name: str, **spec: Any) -> None:
+    """What `apply` does to a changed Sweep: a new spec on the stored object."""
+    with database.write() as session:
+        writer = store.Store(session)
+        current = writer.get(sweep.Sweep, name, "default")
+        current.spec = _sweep(name, **spec).spec
+        writer.update(current)
+
+
+def _reconcile_sweep(database: db.Database, name: str) -> None:
+    store.transact(database, lambda w: sweeps.reconcile(w, "default", name, T0))
+
+
+def _reconcile_job(database: db.Database, name: str) -> None:
+    store.transact(database, lambda w: jobs.reconcile(w, "default", name, T0))
+
+
+def _children(database: db.Database, name: str) -> dict[str, dict[str, Any]]:
+    with database.read() as session:
+        return sweeps.children(store.Store(session), "default", name)
+
+
+def _get_sweep(database: db.Database, name: str) -> sweep.Sweep | None:
+    with database.read() as session:
+        return store.Store(session).find(sweep.Sweep, name, "default")
+
+
+def _get_job(database: db.Database, name: str) -> job.Job:
+    with database.read() as session:
+        return store.Store(session).get(job.Job, name, "default")
+
+
+def _finish(database: db.Database, name: str, phase: str) -> None:
+    """A child's end, as its own reconciler would write it."""
+    with database.write() as session:
+        writer = store.Store(session)
+        found = writer.get(job.Job, name, "default")
+        found.status.phase = "Succeeded" if phase == "Succeeded" else "Failed"
+        found.status.attempts = 1
+        writer.update_status(found)
+
+
+def test_a_sweep_creates_one_owned_labelled_job_per_item(database: db.Database) -> None:
+    _create(database, _sweep("lr", items=["a", "b", "c"]))
+    _reconcile_sweep(database, "lr")
+    created = _children(database, "lr")
+    assert sorted(created) == ["lr-a", "lr-b", "lr-c"]
+    owner = _get_sweep(database, "lr")
+    assert owner is not None
+    assert sweep.FINALIZER in owner.metadata.finalizers
+    child = created["lr-b"]
+    assert child["spec"]["command"] == ["echo", "b"]
+    assert child["metadata"]["labels"] == {sweep.LABEL: "lr"}
+    assert child["metadata"]["ownerReferences"] == [
+        {"kind": "Sweep", "name": "lr", "uid": owner.metadata.uid, "controller": True}
+    ]
+    counts = owner.status
+    assert (counts.total, counts.pending, counts.phase) == (3, 3, "Pending")
+
+
+def test_reapplying_with_one_more_item_adds_exactly_one_job(database: db.Database) -> None:
+    _create(database, _sweep("lr", items=["a", "b"]))
+    _reconcile_sweep(database, "lr")
+    _finish(database, "lr-a", "Succeeded")
+    before = {n: w["metadata"]["resourceVersion"] for n, w in _children(database, "lr").items()}
+    _reapply(database, "lr", items=["a", "b", "c"])
+    _reconcile_sweep(database, "lr")
+    after = _children(database, "lr")
+    assert sorted(after) == ["lr-a", "lr-b", "lr-c"]
+    assert {n: after[n]["metadata"]["resourceVersion"] for n in before} == before
+    _reapply(database, "lr", items=["a", "c"])  # b has not started: it goes; a is kept
+    _reconcile_sweep(database, "lr")
+    assert sorted(_children(database, "lr")) == ["lr-a", "lr-c"]
+
+
+def test_a_template_change_reaches_only_jobs_not_started(database: db.Database) -> None:
+    _create(database, _sweep("t", items=["a", "b"]))
+    _reconcile_sweep(database, "t")
+    _finish(database, "t-a", "Succeeded")
+    template = {"spec": {"command": ["echo", "v2", "{item}"], "resources": {"gpus": 0}}}
+    _reapply(database, "t", items=["a", "b"], template=template)
+    _reconcile_sweep(database, "t")
+    found = _children(database, "t")
+    assert found["t-a"]["spec"]["command"] == ["echo", "a"]
+    assert found["t-b"]["spec"]["command"] == ["echo", "v2", "b"]
+
+
+def test_children_are_rendered_again_only_when_the_sweep_changes(database: db.Database) -> None:
+    _create(database, _sweep("g", items=["a"]))
+    _reconcile_sweep(database, "g")
+    with database.write() as session:  # a change the next passes need not look for
+        writer = store.Store(session)
+        child = writer.get(job.Job, "g-a", "default")
+        child.spec.command = ["echo", "by hand"]
+        writer.update(child)
+    _reconcile_sweep(database, "g")
+    assert _get_job(database, "g-a").spec.command == ["echo", "by hand"]
+    template = {"spec": {"command": ["echo", "v2", "{item}"], "resources": {"gpus": 0}}}
+    _reapply(database, "g", items=["a"], template=template)
+    _reconcile_sweep(database, "g")
+    assert _get_job(database, "g-a").spec.command == ["echo", "v2", "a"]
+
+
+def test_deleting_a_sweep_deletes_its_jobs_and_stops_the_running_one(
+    database: db.Database,
+) -> None:
+    with database.write() as session:
+        put_ready_node(store.Store(session), "n1", 1, T0)
+    template = {"spec": {"command": ["run", "{item}"]}}
+    _create(database, _sweep("gone", items=["x", "y"], template=template))
+    _reconcile_sweep(database, "gone")
+    store.transact(database, lambda w: scheduling.schedule(w, T0))  # gone-x runs on n1
+    with database.write() as session:
+        store.Store(session).delete(sweep.Sweep, "gone", "default")
+    _reconcile_sweep(database, "gone")
+    assert sorted(_children(database, "gone")) == ["gone-x"]  # y had no finalizer: gone
+    _reconcile_job(database, "gone-x")
+    with database.write() as session:  # the agent stops the attempt
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, "gone-x-1", "default")
+        assert attempt.spec.stop_reason == binding.STOP_DELETED
+        attempt.status.phase = "Exited"
+        attempt.status.exit_code = 143
+        writer.update_status(attempt)
+    _reconcile_job(database, "gone-x")
+    _reconcile_sweep(database, "gone")
+    assert _children(database, "gone") == {}
+    assert _get_sweep(database, "gone") is None
+
+
+def test_max_parallel_creates_jobs_as_earlier_ones_finish(database: db.Database) -> None:
+    _create(database, _sweep("p", items=["a", "b", "c", "d", "e"], maxParallel=2))
+    _reconcile_sweep(database, "p")
+    assert sorted(_children(database, "p")) == ["p-a", "p-b"]
+    status = _get_sweep(database, "p")
+    assert status is not None
+    assert (status.status.total, status.status.pending) == (5, 5)
+    _finish(database, "p-a", "Succeeded")
+    _finish(database, "p-b", "Failed")
+    _reconcile_sweep(database, "p")
+    assert sorted(_children(database, "p")) == ["p-a", "p-b", "p-c", "p-d"]
+    counted = _get_sweep(database, "p")
+    assert counted is not None
+    assert (counted.status.succeeded, counted.status.failed, counted.status.pending) == (1, 1, 3)
+    assert counted.status.phase == "Running"
+
+
+def test_a_files_sweep_expands_its_glob_on_the_controller(
+    database: db.Database, tmp_path: Path
+) -> None:
+    for stem in ("small", "large"):
+        (tmp_path / f"{stem}.toml").write_text("x = 1\n")
+    (tmp_path / "notes.txt").write_text("")
+    template = {"spec": {"command": "train {file} {stem}", "workingDir": str(tmp_path)}}
+    _create(database, _sweep("cfg", files="*.toml", template=template))
+    _reconcile_sweep(database, "cfg")
+    found = _children(database, "cfg")
+    assert sorted(found) == ["cfg-large", "cfg-small"]
+    assert found["cfg-small"]["spec"]["command"] == "train small.toml small"
+
+
+def test_a_files_sweep_that_matches_nothing_says_so(database: db.Database) -> None:
+    template = {"spec": {"command": "train {file}", "workingDir": "/nonexistent-gctl"}}
+    _create(database, _sweep("none", files="*.toml", template=template))
+    _reconcile_sweep(database, "none")
+    found = _get_sweep(database, "none")
+    assert found is not None
+    assert found.status.reason == sweep.REASON_NO_FILES
+    assert "controller" in (found.status.message or "")
+
+
+def test_a_sweep_finishes_succeeded_or_failed(database: db.Database) -> None:
+    _create(database, _sweep("ok", items=["a", "b"]), _sweep("bad", items=["a", "b"]))
+    for name in ("ok", "bad"):
+        _reconcile_sweep(database, name)
+    for child in ("ok-a", "ok-b", "bad-a"):
+        _finish(database, child, "Succeeded")
+    _finish(database, "bad-b", "Failed")
+    for name in ("ok", "bad"):
+        _reconcile_sweep(database, name)
+    ok, bad = _get_sweep(database, "ok"), _get_sweep(database, "bad")
+    assert ok is not None
+    assert bad is not None
+    assert (ok.status.phase, ok.status.reason) == ("Succeeded", sweep.REASON_COMPLETED)
+    assert (bad.status.phase, bad.status.message) == ("Failed", "1/2 Jobs failed")
+
+
+def test_a_job_waits_for_a_sweep_then_runs(database: db.Database) -> None:
+    with database.write() as session:
+        put_ready_node(store.Store(session), "n1", 1, T0)
+    collect = make_job("collect").build()
+    collect.spec.depends_on = ["grid"]
+    _create(database, collect, _sweep("grid", items=["a", "b"]))
+    _reconcile_job(database, "collect")
+    waiting = _get_job(database, "collect")
+    assert waiting.status.reason == job.REASON_WAITING_DEPENDENCIES
+    assert waiting.status.message == "waiting for sweep grid to succeed"
+    _reconcile_sweep(database, "grid")
+    for child in ("grid-a", "grid-b"):
+        _finish(database, child, "Succeeded")
+    store.transact(database, lambda w: scheduling.schedule(w, T0))
+    assert _get_job(database, "collect").status.phase == "Pending"  # the Sweep still says so
+    _reconcile_sweep(database, "grid")
+    store.transact(database, lambda w: scheduling.schedule(w, T0))
+    assert _get_job(database, "collect").status.phase == "Scheduled"
+
+
+def test_a_job_fails_when_its_sweep_fails(database: db.Database) -> None:
+    collect = make_job("collect").build()
+    collect.spec.depends_on = ["grid", "later"]
+    _create(database, collect, _sweep("grid", items=["a", "b", "c"]))
+    _reconcile_job(database, "collect")
+    assert "later: no such Job or Sweep yet" in (_get_job(database, "collect").status.message or "")
+    _reconcile_sweep(database, "grid")
+    _finish(database, "grid-a", "Failed")
+    for child in ("grid-b", "grid-c"):
+        _finish(database, child, "Succeeded")
+    _reconcile_sweep(database, "grid")
+    _reconcile_job(database, "collect")
+    failed = _get_job(database, "collect")
+    assert (failed.status.phase, failed.status.reason) == ("Failed", job.REASON_DEPENDENCY_FAILED)
+    assert failed.status.message == "dependency sweep grid failed (1/3 children failed)"
+
+
+def test_a_sweeps_depends_on_gates_its_jobs(database: db.Database) -> None:
+    with database.write() as session:
+        put_ready_node(store.Store(session), "n1", 2, T0)
+    _create(
+        database, make_job("prepare").build(), _sweep("after", items=["a"], dependsOn=["prepare"])
+    )
+    _reconcile_sweep(database, "after")
+    assert _children(database, "after")["after-a"]["spec"]["dependsOn"] == ["prepare"]
+    store.transact(database, lambda w: scheduling.schedule(w, T0))
+    assert _get_job(database, "after-a").status.phase == "Pending"
+    assert _get_job(database, "prepare").status.phase == "Scheduled"
+
+
+def test_describe_shows_the_chain_and_a_sweeps_jobs(database: db.Database) -> None:
+    from gctl.cli import describe
+
+    collect = make_job("collect").build()
+    collect.spec.depends_on = ["grid"]
+    _create(
+        database, make_job("prep").build(), collect, _sweep("grid", items=["a"], dependsOn=["prep"])
+    )
+    _reconcile_sweep(database, "grid")
+    with database.read() as session:
+        reader = store.Store(session)
+        grid = reader.list_wire(sweep.Sweep, "default", names=["grid"])[0]
+        lines = describe.related(reader, grid)
+        prep = describe.related(reader, reader.list_wire(job.Job, "default", names=["prep"])[0])
+        chain = describe.Chain(reader)  # as `gctl describe` shares it between objects
+        every = [*reader.list_wire(job.Job, "default"), grid]
+        shared = [describe.related(reader, w, chain) for w in every]
+        alone = [describe.related(reader, w) for w in every]
+    assert shared == alone
+    text = "\n".join(lines)
+    assert "Depends On:" in text
+    assert "prep  Job   Pending" in text
+    assert "collect  Job   Pending" in text  # Needed By
+    assert "grid-a  Pending  a" in text  # Jobs
+    assert "grid  Sweep  Pending" in "\n".join(prep)  # the Sweep stands for its Jobs
