@@ -9,12 +9,14 @@ again (a deadline or TTL coming due), never sleeps, and running it twice does no
 
 from datetime import datetime, timedelta
 
-from gctl.api import binding, job, meta
+from controller import sweeps
+from gctl.api import binding, job, meta, sweep
 from gctl.store import store
 
 SOURCE = "controller/jobs"
 BACKOFF_BASE = timedelta(seconds=10)
 BACKOFF_CAP = timedelta(minutes=6)
+_OUTCOMES = (job.CONDITION_COMPLETE, job.CONDITION_FAILED)
 
 
 def backoff(failures: int, base: timedelta = BACKOFF_BASE) -> timedelta:
@@ -37,6 +39,10 @@ def reconcile(
     active = next((b for b in attempts if b.status.phase in binding.ACTIVE_PHASES), None)
     if j.metadata.deletion_timestamp is not None:
         _finish_deletion(writer, j, attempts, active)
+        return None
+    token = job.rerun_requested(j)
+    if token is not None:
+        _rerun(writer, j, active, token, now)
         return None
     if active is not None:
         return _follow_active(writer, j, active, now)
@@ -145,6 +151,10 @@ def _account(
             "without counting against backoffLimit",
             now,
         )
+    elif stop == binding.STOP_RERUN:  # stopped for a re-run whose request has since gone
+        _start_over(j, now)
+        message = f"attempt {latest.spec.attempt} was stopped to run the Job again; requeued"
+        _requeue(writer, j, job.REASON_RERUN, message, now)
     elif stop == binding.STOP_DEADLINE:
         _finish(
             writer,
@@ -154,15 +164,13 @@ def _account(
             f"stopped after activeDeadlineSeconds={j.spec.active_deadline_seconds}",
             now=now,
         )
-    elif latest.status.exit_code == 0:
-        _finish(
-            writer,
-            j,
-            "Succeeded",
-            job.REASON_COMPLETED,
-            f"attempt {latest.spec.attempt} exited with code 0",
-            now=now,
+    elif binding.succeeded(latest.status):
+        # With a success file the agent's message says what decided: it names the file.
+        how = latest.status.message if latest.status.success_file else None
+        message = f"attempt {latest.spec.attempt} " + (
+            f"succeeded: {how}" if how else f"exited with code {latest.status.exit_code}"
         )
+        _finish(writer, j, "Succeeded", job.REASON_COMPLETED, message, now=now)
     else:
         _fail_attempt(writer, j, latest, now, base)
 
@@ -176,11 +184,12 @@ def _fail_attempt(
     if latest.status.signal:
         how += f" ({latest.status.signal})"
     if status.failed > j.spec.backoff_limit:
+        missing = latest.status.reason == job.REASON_SUCCESS_FILE_MISSING
         _finish(
             writer,
             j,
             "Failed",
-            job.REASON_BACKOFF_LIMIT,
+            job.REASON_SUCCESS_FILE_MISSING if missing else job.REASON_BACKOFF_LIMIT,
             f"attempt {latest.spec.attempt} failed: {how}; backoffLimit "
             f"{j.spec.backoff_limit} reached",
             now=now,
@@ -197,6 +206,56 @@ def _fail_attempt(
         now,
         warning=True,
     )
+
+
+def _rerun(
+    writer: store.Store, j: job.Job, active: binding.Binding | None, token: str, now: datetime
+) -> None:
+    """Act on a new gctl/rerun token. A running attempt is stopped first (it ends as Rerun,
+    not as a failure); the token is recorded only once no attempt is active and the Job is
+    back in the queue, in the same write, so a crash, or the attempt exiting on its own
+    meanwhile, loses nothing and nothing happens twice."""
+    why = j.metadata.annotations.get(job.ANNOTATION_RERUN_REASON) or "gctl rerun"
+    if active is not None:
+        if active.spec.stop_reason is None:  # else it is stopping already: wait for it
+            _stop(writer, active, binding.STOP_RERUN)
+            message = f"{why}: stopping attempt {active.spec.attempt} to run the Job again"
+            writer.record_event(j, job.REASON_RERUN, message, source=SOURCE)
+        return
+    j.status.rerun = token
+    if j.status.phase == "Pending":
+        # It runs anyway; but one waiting out a back-off runs as a fresh run too: its failures
+        # and the wait are forgotten, in the write that records the token.
+        backing_off = j.status.failed > 0 or j.status.retry_after is not None
+        if backing_off:
+            _start_over(j, now)
+        j = writer.update_status(j)
+        how = "its back-off is reset" if backing_off else "the Job is still pending"
+        writer.record_event(j, job.REASON_RERUN, f"{why}: {how}", source=SOURCE)
+        return
+    _start_over(j, now)
+    message = f"{why}: runs again as attempt {j.status.attempts + 1}"
+    _requeue(writer, j, job.REASON_RERUN, message, now)
+
+
+def _start_over(j: job.Job, now: datetime) -> None:
+    """Forget how the last run ended, so the next attempt is a fresh run: a new deadline, a
+    new backoffLimit, Complete and Failed false again (so `gctl wait` waits for this run).
+    `attempts` stays, so attempt numbers (and their logs) go on."""
+    status = j.status
+    status.completion_time = status.exit_code = status.retry_after = status.start_time = None
+    status.failed = 0
+    ended = [c.type for c in status.conditions if c.type in _OUTCOMES and c.status == "True"]
+    for type_ in ended:
+        meta.set_condition(
+            status.conditions,
+            type_,
+            "False",
+            job.REASON_RERUN,
+            "the Job runs again",
+            generation=j.metadata.generation,
+            now=now,
+        )
 
 
 def _requeue(
@@ -273,19 +332,15 @@ def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime |
             generation=j.metadata.generation,
             now=now,
         )
-    waiting_on = []
-    for dependency in j.spec.depends_on:
-        other = writer.find(job.Job, dependency, j.namespace)
-        if other is not None and other.status.phase == "Failed":
-            why = f"dependency {dependency} failed"
-            _finish(writer, j, "Failed", job.REASON_DEPENDENCY_FAILED, why, now=now)
-            return None
-        if other is None or other.status.phase != "Succeeded":
-            waiting_on.append(dependency)
+    # A name in dependsOn is a Job or a Sweep (afterok on all its Jobs): controller.sweeps.
+    found = [sweeps.dependency(writer, j.namespace, d) for d in j.spec.depends_on]
+    decided = sweep.verdict(found)
+    if decided.state == "failed":
+        _finish(writer, j, "Failed", job.REASON_DEPENDENCY_FAILED, decided.message, now=now)
+        return None
     reason, message = j.status.reason, j.status.message
-    if waiting_on:
-        reason = job.REASON_WAITING_DEPENDENCIES
-        message = f"waiting for {', '.join(waiting_on)} to succeed"
+    if decided.state == "waiting":
+        reason, message = job.REASON_WAITING_DEPENDENCIES, decided.message
     elif reason == job.REASON_WAITING_DEPENDENCIES:  # the wait is over: clear it
         reason, message = None, None
     if (reason, message) != (j.status.reason, j.status.message):

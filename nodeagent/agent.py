@@ -27,6 +27,8 @@ log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
 # Exited attempts need nothing more; Lost ones may still run here and must be stopped.
 _SYNCED_PHASES = frozenset({"Pending", "Running", "Lost"})
+# Stops the user asked for explicitly: no stop warning, as for `kubectl delete --now`.
+_UNWARNED_STOPS = frozenset({binding.STOP_DELETED, binding.STOP_RERUN})
 
 
 def default_state_dir(node_name: str) -> Path:
@@ -202,8 +204,8 @@ class Agent:
             return
         if bound.spec.stop_reason and state.phase == "running":
             # A job asked for a warning before preemption, eviction, its deadline or a
-            # suspend, so that it can checkpoint; a deleted job is stopped at once.
-            self.runtime.stop(uid, warn=bound.spec.stop_reason != binding.STOP_DELETED)
+            # suspend, so that it can checkpoint; a deleted or re-run job is stopped at once.
+            self.runtime.stop(uid, warn=bound.spec.stop_reason not in _UNWARNED_STOPS)
             return
         if state.phase == "absent":
             if phase == "Running":
@@ -277,6 +279,7 @@ class Agent:
                 stop_warning=None
                 if owner.spec.stop_warning is None
                 else (owner.spec.stop_warning.signal, owner.spec.stop_warning.seconds),
+                success_file=owner.spec.success_file,
             )
         )
         self._report(bound, state)
@@ -306,12 +309,12 @@ class Agent:
             status.exit_code = state.exit_code
             status.signal = state.signal
             status.finish_time = now
+            status.success_file = _success_file(state.success_file)
+            ended, how = exit_outcome(state)
             status.reason = (
-                state.reason
-                or (bound.spec.stop_reason if state.stopped else None)
-                or ("Completed" if state.exit_code == 0 else "Error")
+                state.reason or (bound.spec.stop_reason if state.stopped else None) or ended
             )
-            status.message = state.message
+            status.message = state.message or how
         elif state.phase == "lost":
             status.phase = "Lost"
             status.finish_time = now
@@ -430,6 +433,33 @@ class Agent:
                     self.wake.set()
         finally:
             bell.close()
+
+
+def exit_outcome(state: runtime.State) -> tuple[str, str | None]:
+    """The reason and message of an attempt that exited on its own. With a success file, the
+    file decides and the message names it; the exit code is kept either way."""
+    code = state.exit_code
+    if state.success_file == binding.SUCCESS_FILE_FOUND:
+        if code == 0:
+            return "Completed", f"exit code 0; success file {state.success_path} was written"
+        return "Completed", (
+            f"exit code {code}, but success file {state.success_path} was written, "
+            "so the attempt succeeded"
+        )
+    if state.success_file == binding.SUCCESS_FILE_MISSING:
+        return job.REASON_SUCCESS_FILE_MISSING, (
+            f"exit code {code}; success file {state.success_path} was not written "
+            "after the attempt started"
+        )
+    return ("Completed" if code == 0 else "Error"), None
+
+
+def _success_file(value: str | None) -> binding.SuccessFile | None:
+    if value == binding.SUCCESS_FILE_FOUND:
+        return binding.SUCCESS_FILE_FOUND
+    if value == binding.SUCCESS_FILE_MISSING:
+        return binding.SUCCESS_FILE_MISSING
+    return None
 
 
 def _session_of(pid: int) -> int | None:

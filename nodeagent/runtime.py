@@ -41,6 +41,7 @@ class Launch:
     lease_path: Path | None = None
     fence_seconds: float = 0.0
     stop_warning: tuple[str, int] | None = None  # (signal name, seconds before SIGTERM)
+    success_file: str | None = None  # the Job's spec.successFile, checked by the supervisor
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class State:
     stopped: bool = False
     reason: str | None = None
     message: str | None = None
+    success_file: str | None = None  # Found or Missing, when the Job names a success file
+    success_path: str | None = None  # that file, resolved as the job's working directory does
 
 
 class Runtime:
@@ -99,6 +102,8 @@ class Runtime:
                 stopped=stopped,
                 reason=exit_record.get("reason") or request.get("reason"),
                 message=exit_record.get("message") or request.get("message"),
+                success_file=exit_record.get("successFile"),
+                success_path=exit_record.get("successFilePath"),
             )
         if _supervisor_alive(directory):
             return State("running", pid=pid, started=started)
@@ -140,6 +145,7 @@ class Runtime:
                 "stopWarning": None
                 if launch.stop_warning is None
                 else {"signal": launch.stop_warning[0], "seconds": launch.stop_warning[1]},
+                "successFile": launch.success_file,
             },
         )
         lock_fd = os.open(directory / LOCK, os.O_CREAT | os.O_RDWR, 0o600)

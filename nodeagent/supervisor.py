@@ -33,6 +33,7 @@ LAUNCHED = "launched.json"
 PID = "pid.json"
 EXIT = "exit.json"
 STOP = "stop.json"  # why the agent stops the attempt; written before it sends SIGTERM
+STARTED = "started"  # touched just before the job starts: its mtime is the start on file clocks
 FENCED = "Fenced"  # the reason of an attempt stopped because its agent went silent
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # In the attempts directory: touched after each record, to wake the agent at once (the agent
@@ -81,6 +82,31 @@ def exit_code_of(returncode: int) -> tuple[int, str | None]:
     except ValueError:
         name = f"signal {number}"
     return 128 + number, name
+
+
+def file_clock_now(path: Path) -> int:
+    """Now, as the kernel stamps files (ns): it uses a coarse clock that may lag time.time()
+    by a few ms, so a marker written right after the job starts could look older than a
+    time.time() taken before it. Comparing file times with file times avoids that."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    os.utime(path)
+    return os.stat(path).st_mtime_ns
+
+
+def success_file_record(path: str | None, cwd: str | None, since_ns: int) -> dict[str, Any]:
+    """What became of the job's success file: Found if it exists and was created or modified
+    (mtime or ctime) at or after `since_ns`, else Missing; relative paths resolve as the job's
+    own working directory does. Empty when the Job names no success file."""
+    if not path:
+        return {}
+    full = os.path.abspath(os.path.join(cwd or "", path))
+    try:
+        stat = os.stat(full)
+    except OSError:
+        written = False
+    else:
+        written = max(stat.st_mtime_ns, stat.st_ctime_ns) >= since_ns
+    return {"successFile": "Found" if written else "Missing", "successFilePath": full}
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -203,6 +229,7 @@ def supervise(attempt_dir: Path) -> int:
         )
         return 0
     with log:
+        since_ns = file_clock_now(attempt_dir / STARTED)
         try:
             child = subprocess.Popen(
                 spec["argv"],
@@ -255,6 +282,9 @@ def supervise(attempt_dir: Path) -> int:
         # Processes the job left behind in its group are part of the job: end them too.
         _kill_group(child.pid, signal.SIGKILL)
     code, signal_name = exit_code_of(returncode)
+    # Checked here, as the job exits, not when the agent learns of it: the agent may be down,
+    # and by the time it is back the file may have been removed or rewritten by someone else.
+    marker = success_file_record(spec.get("successFile"), spec.get("cwd"), since_ns)
     record(
         attempt_dir,
         EXIT,
@@ -264,6 +294,7 @@ def supervise(attempt_dir: Path) -> int:
             "stopped": stopper.requested,
             "reason": FENCED if fenced.is_set() else None,
             "finished": time.time(),
+            **marker,
         },
     )
     return 0

@@ -1,7 +1,7 @@
 """The Binding kind: one attempt of one Job on one node with specific GPUs."""
 
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field
 
@@ -17,6 +17,12 @@ STOP_SUSPENDED = "Suspended"
 STOP_PREEMPTED = "Preempted"  # a higher-priority Job needs the GPUs
 STOP_EVICTED = "Evicted"  # `gctl drain --evict`
 STOP_GPU_MEMORY = "GPUMemoryExceeded"  # used more GPU memory than it declared (pool enforces)
+STOP_RERUN = "Rerun"  # `gctl rerun`: the Job starts again; not counted as a failure
+
+# What the node saw of the Job's spec.successFile when the attempt exited (status.successFile).
+SUCCESS_FILE_FOUND: Final = "Found"  # written (created or modified) after the attempt started
+SUCCESS_FILE_MISSING: Final = "Missing"  # absent, or older than the attempt (a stale marker)
+SuccessFile = Literal["Found", "Missing"]
 
 
 class BindingSpec(meta.Model):
@@ -48,6 +54,15 @@ class BindingStatus(meta.Model):
     message: str | None = None
     log_path: str | None = None
     signal: str | None = None
+    success_file: SuccessFile | None = None  # set only when the Job names a successFile
+
+
+def succeeded(status: BindingStatus) -> bool:
+    """Whether an exited attempt did its work: its success file decides when the Job names
+    one (a training script may exit non-zero in teardown after writing it), else exit code 0."""
+    if status.success_file is not None:
+        return status.success_file == SUCCESS_FILE_FOUND
+    return status.exit_code == 0
 
 
 class Binding(meta.Resource):

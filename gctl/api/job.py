@@ -37,8 +37,15 @@ REASON_EVICTED = "Evicted"
 REASON_GPU_MEMORY_EXCEEDED = "GPUMemoryExceeded"
 REASON_PROFILE_NOT_FOUND = "GPUProfileNotFound"
 REASON_POOL_NOT_FOUND = "GPUPoolNotFound"
+REASON_SUCCESS_FILE_MISSING = "SuccessFileMissing"  # spec.successFile not written by the attempt
+REASON_RERUN = "Rerun"
 # Attempts that end for these reasons go back to the queue without spending backoffLimit.
 REQUEUE_REASONS: frozenset[str] = frozenset({REASON_PREEMPTED, REASON_EVICTED})
+
+# `gctl rerun` (and apply's re-run on change) set ANNOTATION_RERUN to a fresh token; the Job
+# controller runs the Job again once per token and records the token in status.rerun.
+ANNOTATION_RERUN = "gctl/rerun"
+ANNOTATION_RERUN_REASON = "gctl/rerun-reason"
 
 # Once a Job leaves Pending these spec fields are fixed: changing them means a new run.
 IMMUTABLE_ONCE_STARTED: tuple[str, ...] = ("command", "resources", "placement")
@@ -167,6 +174,12 @@ class JobSpec(meta.Model):
     preemptible: bool = True  # a higher-priority Job may stop this one and requeue it
     stop_warning: StopWarning | None = None
     termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=86_400)
+    # What apply does with a change to command, resources or placement once started: Refuse
+    # (say so), or Rerun (stop the run, start the new spec). Unset: its ApplySet's policy.
+    on_spec_change: Literal["Refuse", "Rerun"] | None = None
+    # A file the job writes when it is done: if set, it alone decides success (relative to
+    # workingDir, else the agent's directory; it must be written after the attempt started).
+    success_file: str | None = Field(default=None, min_length=1)
 
     @field_validator("placement")
     @classmethod
@@ -213,6 +226,7 @@ class JobStatus(meta.Model):
     # should start. (Its place in the queue is worked out when printed: gctl.api.queue.)
     estimated_start_time: datetime | None = None
     preemptions: int = 0  # attempts stopped by preemption or eviction (not counted as failed)
+    rerun: str | None = None  # the last metadata.annotations[gctl/rerun] token acted upon
 
 
 class Job(meta.Resource):
@@ -221,6 +235,12 @@ class Job(meta.Resource):
     kind: Literal["Job"] = "Job"
     spec: JobSpec
     status: JobStatus = Field(default_factory=JobStatus)
+
+
+def rerun_requested(j: Job) -> str | None:
+    """The token of a re-run asked for and not yet acted upon, if any."""
+    token = j.metadata.annotations.get(ANNOTATION_RERUN)
+    return token if token and token != j.status.rerun else None
 
 
 def has_started(status: dict[str, Any]) -> bool:

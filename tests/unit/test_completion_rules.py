@@ -1,0 +1,119 @@
+"""Pure rules of completion markers and re-runs: what decides success, what the agent reports,
+when a success file counts, and when a rerun is asked for."""
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gctl.api import binding, job
+from gctl.cli import rerunning
+from nodeagent import agent, runtime, supervisor
+from tests.builders import make_job
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "success_file", "succeeded"),
+    [
+        (0, None, True),
+        (3, None, False),
+        (0, "Found", True),
+        (3, "Found", True),  # the file decides; the exit code is only recorded
+        (0, "Missing", False),
+        (3, "Missing", False),
+    ],
+)
+def test_the_success_file_decides_when_there_is_one(
+    exit_code: int, success_file: str | None, succeeded: bool
+) -> None:
+    status = binding.BindingStatus.model_validate(
+        {"phase": "Exited", "exitCode": exit_code, "successFile": success_file}
+    )
+    assert binding.succeeded(status) is succeeded
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "success_file", "reason", "message"),
+    [
+        (0, None, "Completed", None),
+        (2, None, "Error", None),
+        (0, "Found", "Completed", "exit code 0; success file /w/done was written"),
+        (
+            3,
+            "Found",
+            "Completed",
+            "exit code 3, but success file /w/done was written, so the attempt succeeded",
+        ),
+        (
+            0,
+            "Missing",
+            "SuccessFileMissing",
+            "exit code 0; success file /w/done was not written after the attempt started",
+        ),
+    ],
+)
+def test_the_agent_says_what_decided(
+    exit_code: int, success_file: str | None, reason: str, message: str | None
+) -> None:
+    state = runtime.State(
+        "exited",
+        exit_code=exit_code,
+        success_file=success_file,
+        success_path="/w/done" if success_file else None,
+    )
+    assert agent.exit_outcome(state) == (reason, message)
+
+
+def test_no_success_file_no_record(tmp_path: Path) -> None:
+    assert supervisor.success_file_record(None, str(tmp_path), 0) == {}
+
+
+def test_a_success_file_counts_only_if_written_at_or_after_the_start(tmp_path: Path) -> None:
+    done = tmp_path / "work" / "done"
+    done.parent.mkdir()
+    done.write_text("")
+    stat = done.stat()
+    written = max(stat.st_mtime_ns, stat.st_ctime_ns)
+
+    # Written in the very tick the attempt started counts: file clocks are coarse.
+    assert supervisor.success_file_record("done", str(tmp_path / "work"), written) == {
+        "successFile": "Found",
+        "successFilePath": str(done),
+    }
+    stale = supervisor.success_file_record(str(done), None, written + 1)
+    assert stale["successFile"] == "Missing"
+    assert supervisor.success_file_record("absent", str(tmp_path), 0) == {
+        "successFile": "Missing",
+        "successFilePath": str(tmp_path / "absent"),
+    }
+
+
+def test_the_start_is_taken_on_the_file_clock(tmp_path: Path) -> None:
+    since = supervisor.file_clock_now(tmp_path / "started")
+    (tmp_path / "done").write_text("")
+    assert supervisor.success_file_record("done", str(tmp_path), since)["successFile"] == "Found"
+
+
+def test_a_relative_success_file_without_working_dir_is_the_supervisors_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    record = supervisor.success_file_record("out/done", None, 0)
+    assert record["successFilePath"] == os.path.join(tmp_path, "out", "done")
+
+
+def test_a_rerun_is_asked_for_by_a_token_not_yet_handled() -> None:
+    j = make_job("j").build()
+    assert job.rerun_requested(j) is None
+    j.metadata.annotations[job.ANNOTATION_RERUN] = "t1"
+    assert job.rerun_requested(j) == "t1"
+    j.status.rerun = "t1"
+    assert job.rerun_requested(j) is None
+    j.metadata.annotations[job.ANNOTATION_RERUN] = ""
+    assert job.rerun_requested(j) is None
+
+
+def test_rerun_tokens_are_utc_to_the_microsecond() -> None:
+    moment = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    assert rerunning.token(moment) == "2026-01-02T03:04:05.000006Z"
