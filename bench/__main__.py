@@ -1,5 +1,7 @@
 """`python -m bench [NAME ...] [--db URL] [--json] [--strict]`: run the benchmarks, print a table.
 
+`python -m bench replay TRACE.csv [...]` replays a job trace instead (bench.replay).
+
 This module parses the arguments, makes the scratch database the benchmarks run against (a
 fresh SQLite file in a temporary directory, or with `--db` a randomly named PostgreSQL database
 created through the given admin URL and dropped at the end), points GCTL_DB at it, runs the
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench import jobs, scheduler
+from bench import jobs, replay, scale, scheduler, throughput
 from bench import store as store_benchmarks
 from bench.store import BenchError, Context, Result, progress
 
@@ -31,6 +33,9 @@ BENCHMARKS = {  # the suite's order
     **store_benchmarks.BENCHMARKS,
     **jobs.BENCHMARKS,
     **scheduler.BENCHMARKS,
+    **scale.BENCHMARKS,
+    **throughput.BENCHMARKS,
+    **replay.BENCHMARKS,
 }
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -45,7 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "names",
         nargs="*",
         metavar="NAME",
-        help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}",
+        help=f"benchmarks to run (default, or `all`: every one): {', '.join(BENCHMARKS)}",
     )
     parser.add_argument(
         "--db",
@@ -59,6 +64,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--strict", action="store_true", help="exit 1 when a timing is over its budget"
     )
     args = parser.parse_args(argv)
+    if "all" in args.names:  # `python -m bench all`: the whole suite, as with no names
+        args.names = []
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
@@ -121,11 +128,14 @@ def sqlite_database(workdir: Path) -> Iterator[str]:
 def run(names: Sequence[str], ctx: Context) -> list[Result]:
     """The chosen benchmarks in suite order; one that fails becomes an ERROR row."""
     results: list[Result] = []
+    ctx.whole_suite = not names or set(names) == set(BENCHMARKS)
     for name, benchmark in BENCHMARKS.items():
         if names and name not in names:
             continue
+        start = time.perf_counter()
         try:
             results.extend(benchmark(ctx))
+            progress(f"{name}: {time.perf_counter() - start:.0f} s")
         except BenchError as error:
             print(f"bench: {name}: ERROR: {error}", file=sys.stderr, flush=True)
             results.append(Result(name, float("nan"), "", None, kind="error", note=str(error)))
@@ -139,7 +149,7 @@ def figure(value: float, unit: str) -> str:
         return f"{value:.1f} ms"
     if unit == "s":
         return f"{value:.2f} s"
-    return f"{value:g}"
+    return f"{value:g} {unit}".strip()
 
 
 def budget_text(result: Result) -> str:
@@ -188,7 +198,14 @@ def exit_code(results: Sequence[Result], strict: bool) -> int:
     return 1 if broken or (strict and slow) else 0
 
 
+def is_trace(arg: str) -> bool:
+    return arg.endswith(".csv") or Path(arg).is_file()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["replay"] and any(is_trace(arg) for arg in argv[1:]):
+        return replay.main(argv[1:])  # `replay TRACE.csv ...`: a replay of one's own trace
     args = parse_args(argv)
     backend = "postgresql" if args.db else "sqlite"
     start = time.perf_counter()

@@ -12,7 +12,8 @@ condition (no agent, no processes), then 10,000 pending Jobs asking for 1, 2 or 
 - scheduling-pass-steady: a pass with nothing changed, and how many objects it wrote (none);
 - scheduling-pass-one-exit: one attempt exits and its Job is accounted; the next pass;
 - scheduling-planner: `placement.plan` alone on the first pass's snapshot, with no limit on
-  placements (the reads and writes around it excluded).
+  placements (the reads and writes around it excluded);
+- scheduling-4k: the first pass and the planner again, over 500 nodes (4,000 GPUs).
 """
 
 import time
@@ -27,16 +28,17 @@ from gctl.api import job, meta, node
 from gctl.store import db, store
 
 NODES, GPUS_PER_NODE = 125, 8
+BIG_NODES = 500  # scheduling-4k: 4,000 GPUs
 PENDING = 10_000
 MAX_PASSES = 400
 PASS_BUDGET_S = 1.0
 
 
-def _load(database: db.Database, now: datetime) -> None:
+def _load(database: db.Database, now: datetime, nodes: int = NODES) -> None:
     with database.write() as session:
         writer = store.Store(session)
         created = writer.create_many(
-            [node.Node(metadata=meta.ObjectMeta(name=f"node-{n:03d}")) for n in range(NODES)]
+            [node.Node(metadata=meta.ObjectMeta(name=f"node-{n:03d}")) for n in range(nodes)]
         )
         for found in created:
             found.status.gpus = [
@@ -164,4 +166,25 @@ def _measure(database: db.Database) -> list[Result]:
     ]
 
 
-BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {"scheduling": bench_scheduling}
+def bench_scheduling_4k(ctx: Context) -> list[Result]:
+    """The first pass only, over 10,000 pending Jobs and 4,000 GPUs (500 nodes x 8)."""
+    with job_benchmarks.fresh_database(ctx, "scheduling-4k") as url:
+        database = db.Database.open(url)
+        try:
+            now = meta.utcnow()
+            progress(f"writing {BIG_NODES} nodes x {GPUS_PER_NODE} GPUs, {PENDING:,} pending jobs")
+            _load(database, now, BIG_NODES)
+            planner = _time_planner(database, now)
+            first, _ = _timed_pass(database, now)
+        finally:
+            database.close()
+    return [
+        Result("scheduling-4k-pass", first, "s", PASS_BUDGET_S),
+        Result("scheduling-4k-planner", planner * 1000, "ms", None, kind="info"),
+    ]
+
+
+BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {
+    "scheduling": bench_scheduling,
+    "scheduling-4k": bench_scheduling_4k,
+}

@@ -65,6 +65,7 @@ class Context:
     workdir: Path  # scratch space for manifests and logs
     manifests: Path | None = None  # the 10,000 Job manifests, once written
     loaded: bool = False  # whether those Jobs are in the database
+    whole_suite: bool = False  # every benchmark runs: the longest ones run at a smaller scale
 
 
 def progress(message: str) -> None:

@@ -1,0 +1,285 @@
+"""Trace replay: a job trace through the real controller and virtual nodes, and how it went.
+
+`python -m bench replay TRACE.csv [--nodes 8] [--gpus-per-node 8] [--time-scale 3600]
+[--limit 500] [--oversize clip|skip] [--db URL] [--json]` starts `gctl controller run` and
+`gctl agent run --simulate` (bench.sim) on a scratch database, submits each job of the trace
+when its `submit_s`, divided by the time scale, has passed (as a Job whose
+`gctl/simulated-duration` is its `duration_s`), waits until all have finished, and reports in
+trace seconds: makespan, mean/p95 job completion time, mean/p95 queueing delay, GPU
+utilization, and the lower bound on makespan (bench.trace.lower_bound) with the ratio; beside
+them, the makespan of an ideal, zero-latency FIFO scheduler (bench.trace.fifo_makespan), which
+tells the policy's share of the gap from gctl's.
+
+Times are measured, not simulated: a job's submission is its Job's creation time, its start and
+finish are its Binding's (the virtual agent writes the exact simulated finish), each converted
+to trace seconds by multiplying by the time scale. So the control plane's own latency is in the
+figures, magnified by the scale: at 3600, 10 ms of latency is 36 trace seconds.
+
+The suite's `replay` entry replays the first 500 jobs of the Philly trace on 8 nodes x 8 GPUs at
+a time scale of 14400 (under a minute), and its budget is a makespan within 10% of the bound.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench import jobs as job_benchmarks
+from bench import sim, trace
+from bench.store import BenchError, Context, Result, progress
+from gctl.api import binding, job, meta
+from gctl.store import db, store
+
+PHILLY = Path("/work/shared/traces/philly-2017-11-20-3000.csv")
+SUITE_LIMIT, SUITE_TIME_SCALE = 500, 14400.0
+DEFAULT_LIMIT, DEFAULT_TIME_SCALE = 500, 3600.0
+RATIO_BUDGET = 1.10
+TRACE_ANNOTATION = "gctl/trace-job-id"
+FINISH_SLACK_S = 120.0
+
+
+def _submit(database: db.Database, jobs: Sequence[tuple[str, trace.TraceJob]]) -> None:
+    made = []
+    for name, j in jobs:
+        new = sim.simulated_job(name, j.duration, j.gpus)
+        new.metadata.annotations[TRACE_ANNOTATION] = j.job_id
+        made.append(new)
+    with database.write() as session:
+        store.Store(session).create_many(made)
+
+
+def _submit_on_time(rig: sim.Cluster, jobs: Sequence[trace.TraceJob], scale: float) -> None:
+    """Create each job once its (scaled) submission time has come; late ones together."""
+    first = jobs[0].submit
+    started = time.perf_counter()
+    index = 0
+    while index < len(jobs):
+        wait = (jobs[index].submit - first) / scale - (time.perf_counter() - started)
+        if wait > 0:
+            time.sleep(wait)
+        elapsed = time.perf_counter() - started
+        batch = []
+        while index < len(jobs) and (jobs[index].submit - first) / scale <= elapsed:
+            batch.append((f"t{index:05d}", jobs[index]))
+            index += 1
+        _submit(rig.database, batch)
+
+
+def _records(database: db.Database, origin: datetime, scale: float) -> list[trace.Record]:
+    """Each replayed Job's submission, first start and last finish, in trace seconds."""
+
+    def at(moment: datetime | None) -> float:
+        if moment is None:
+            raise BenchError("a finished attempt has no start or finish time")
+        return (moment - origin).total_seconds() * scale
+
+    with database.read() as session:
+        reader = store.Store(session)
+        owners = {j.name: j for j in reader.list_objects(job.Job)}
+        attempts: dict[str, list[binding.Binding]] = {}
+        for b in reader.list_objects(binding.Binding):
+            attempts.setdefault(b.spec.job_name, []).append(b)
+    records = []
+    for name, owner in owners.items():
+        tried = sorted(attempts.get(name, []), key=lambda b: b.spec.attempt)
+        if owner.status.phase != "Succeeded" or not tried:
+            raise BenchError(f"job {name} ended {owner.status.phase}: {owner.status.message}")
+        records.append(
+            trace.Record(
+                submit=at(owner.metadata.creation_timestamp),
+                start=at(tried[0].status.start_time),
+                finish=at(tried[-1].status.finish_time),
+                gpus=owner.spec.resources.gpu_count(),
+            )
+        )
+    return records
+
+
+def replay(
+    url: str,
+    root: Path,
+    jobs: Sequence[trace.TraceJob],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    scale: float,
+) -> trace.Metrics:
+    """Run the jobs through the controller and virtual nodes; the metrics in trace seconds."""
+    total = nodes * gpus_per_node
+    bound = trace.lower_bound(jobs, total)
+    names = [f"t{index:05d}" for index in range(len(jobs))]
+    with sim.cluster(url, root, nodes, gpus_per_node, scale) as rig:
+        progress(f"replay: {len(jobs)} jobs, ideal {bound / scale:.1f} s at time scale {scale:g}")
+        origin = meta.utcnow()
+        _submit_on_time(rig, jobs, scale)
+        timeout = bound / scale * 3 + FINISH_SLACK_S
+
+        def finished(phases: dict[str, str]) -> bool:
+            return all(phases.get(n) in job.FINISHED_PHASES for n in names)
+
+        if not rig.watcher.wait(finished, timeout):
+            done = sum(1 for n in names if rig.watcher.phases.get(n) in job.FINISHED_PHASES)
+            raise rig.fail(f"replay: {done} of {len(jobs)} jobs finished after {timeout:.0f} s")
+        records = _records(rig.database, origin, scale)
+    reference = trace.fifo_makespan(jobs, nodes, gpus_per_node)
+    return dataclasses.replace(trace.metrics(records, total, bound), fifo_makespan=reference)
+
+
+def report(metrics: trace.Metrics) -> dict[str, float | int]:
+    """The figures by name, in trace seconds (as printed with --json)."""
+    return {
+        "jobs": metrics.jobs,
+        "makespan_s": round(metrics.makespan, 1),
+        "lower_bound_s": round(metrics.lower_bound, 1),
+        "makespan_over_bound": round(metrics.ratio, 4),
+        "jct_mean_s": round(metrics.jct_mean, 1),
+        "jct_p95_s": round(metrics.jct_p95, 1),
+        "queueing_delay_mean_s": round(metrics.queueing_mean, 1),
+        "queueing_delay_p95_s": round(metrics.queueing_p95, 1),
+        "gpu_utilization": round(metrics.utilization, 4),
+        "fifo_reference_makespan_s": round(metrics.fifo_makespan, 1),
+    }
+
+
+def print_table(metrics: trace.Metrics) -> None:
+    hours = 3600.0
+    rows = [
+        ("makespan", metrics.makespan),
+        ("lower bound on makespan", metrics.lower_bound),
+        ("ideal FIFO's makespan", metrics.fifo_makespan),
+        ("mean JCT", metrics.jct_mean),
+        ("p95 JCT", metrics.jct_p95),
+        ("mean queueing delay", metrics.queueing_mean),
+        ("p95 queueing delay", metrics.queueing_p95),
+    ]
+    print(f"{'METRIC':<26}{'TRACE SECONDS':>15}{'HOURS':>10}")
+    for name, seconds in rows:
+        print(f"{name:<26}{seconds:>15,.0f}{seconds / hours:>10.2f}")
+    print(f"{'makespan / lower bound':<26}{metrics.ratio:>15.3f}")
+    print(f"{'GPU utilization':<26}{metrics.utilization * 100:>14.1f}%")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench replay",
+        description="Replay a job trace (CSV: job_id, submit_s, duration_s, gpus) through the "
+        "real controller and virtual nodes.",
+    )
+    parser.add_argument("trace", type=Path, metavar="TRACE.csv")
+    parser.add_argument("--nodes", type=int, default=8, help="virtual nodes (default 8)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs each (default 8)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=DEFAULT_TIME_SCALE,
+        help=f"trace seconds per real second (default {DEFAULT_TIME_SCALE:g})",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"replay the first N jobs (default {DEFAULT_LIMIT}; 0: all)",
+    )
+    parser.add_argument(
+        "--oversize",
+        choices=("clip", "skip"),
+        default="clip",
+        help="jobs asking more GPUs than a node has: ask for a whole node (clip, the "
+        "default) or leave them out (skip)",
+    )
+    parser.add_argument("--db", metavar="URL", help="PostgreSQL admin URL (default: SQLite)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args(argv)
+    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value < 1:
+            parser.error(f"{flag}: give a whole number of 1 or more")
+    if not args.time_scale > 0 or args.limit < 0:
+        parser.error("--time-scale must be above 0 and --limit 0 or more")
+    return args
+
+
+def load(path: Path, limit: int, gpus_per_node: int, oversize: str) -> list[trace.TraceJob]:
+    jobs = trace.read_trace(path, limit or None)
+    fitted, changed = trace.fit(jobs, gpus_per_node, oversize)
+    verb = "asked for a whole node instead" if oversize == "clip" else "were left out"
+    if changed:
+        progress(f"{changed} job(s) asked for more than {gpus_per_node} GPUs and {verb}")
+    if not fitted:
+        raise trace.TraceError(f"{path}: no job to replay")
+    return fitted
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m bench replay ...`; a bad trace or flag is one line and exit status 2."""
+    args = parse_args(argv)
+    try:
+        jobs = load(args.trace, args.limit, args.gpus_per_node, args.oversize)
+    except trace.TraceError as exc:
+        print(f"bench replay: {exc}", file=sys.stderr)
+        return 2
+    from bench import __main__ as suite
+
+    with suite.scratch(args.db) as ctx:
+        try:
+            metrics = replay(
+                ctx.db_url,
+                ctx.workdir / "replay",
+                jobs,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                scale=args.time_scale,
+            )
+        except BenchError as exc:
+            print(f"bench replay: {exc}", file=sys.stderr)
+            return 1
+    print(
+        f"replay of {args.trace.name}: {metrics.jobs} jobs on {args.nodes} nodes x "
+        f"{args.gpus_per_node} GPUs, time scale {args.time_scale:g}"
+    )
+    print_table(metrics)
+    if args.json:
+        summary: dict[str, Any] = report(metrics)
+        summary |= {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node}
+        summary |= {"time_scale": args.time_scale, "trace": str(args.trace)}
+        print(json.dumps(summary))
+    return 0
+
+
+def bench_replay(ctx: Context) -> list[Result]:
+    """The suite's entry: the Philly slice's first 500 jobs, 8 x 8 GPUs, time scale 14400."""
+    if not PHILLY.exists():
+        raise BenchError(f"no trace at {PHILLY}")
+    jobs = load(PHILLY, SUITE_LIMIT, 8, "clip")
+    with job_benchmarks.fresh_database(ctx, "replay") as url:
+        metrics = replay(
+            url, ctx.workdir / "replay", jobs, nodes=8, gpus_per_node=8, scale=SUITE_TIME_SCALE
+        )
+
+    def hours(seconds: float) -> float:
+        return round(seconds / 3600, 2)
+
+    return [
+        Result(
+            "replay-makespan",
+            hours(metrics.makespan),
+            "h",
+            hours(metrics.lower_bound * RATIO_BUDGET),
+            note=f"{metrics.ratio:.3f} x the lower bound {hours(metrics.lower_bound)} h",
+        ),
+        Result("replay-fifo-reference", hours(metrics.fifo_makespan), "h", None, kind="info"),
+        Result("replay-jct-mean", hours(metrics.jct_mean), "h", None, kind="info"),
+        Result("replay-jct-p95", hours(metrics.jct_p95), "h", None, kind="info"),
+        Result("replay-queueing-mean", hours(metrics.queueing_mean), "h", None, kind="info"),
+        Result("replay-queueing-p95", hours(metrics.queueing_p95), "h", None, kind="info"),
+        Result(
+            "replay-gpu-utilization", round(metrics.utilization * 100, 1), "%", None, kind="info"
+        ),
+    ]
+
+
+BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {"replay": bench_replay}

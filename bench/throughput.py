@@ -1,0 +1,157 @@
+"""The benchmarks of the real `gctl up` under load, and at rest, on fake GPUs.
+
+- throughput-1000: 1,000 `true` Jobs on 8 fake GPUs, created in one transaction: commit -> the
+  last one Succeeded. Beside it, measured in the same run before `gctl up` starts, the floor: a
+  bare pool of 8 threads that fork/exec the same `/bin/sh -c true` 1,000 times. The budget is
+  twice the floor's time (at least half its jobs per second); every state change of gctl's run
+  is committed to the database (SQLite with synchronous=FULL), the floor keeps none.
+- packing-200: 200 `sleep 0.5` Jobs on 8 fake GPUs in one `gctl apply`: apply -> the last one
+  Succeeded, against the ideal 12.5 s + 2%; and the mean gap between one job's own exit stamp
+  and the next one's start stamp on the same GPU, against 10 ms.
+- idle-60s: CPU seconds (user + system, the process and all its descendants, from
+  /proc/PID/stat) that an idle `gctl up --fake-gpus 8` uses over 60 s, after one job ran.
+"""
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench import jobs as job_benchmarks
+from bench.store import BenchError, Context, Result, progress, run_gctl
+
+THROUGHPUT_JOBS, THROUGHPUT_GPUS = 1000, 8
+THROUGHPUT_TIMEOUT_S = 600.0
+PACKING_JOBS, PACKING_GPUS, PACKING_SLEEP_S = 200, 8, 0.5
+PACKING_IDEAL_S = PACKING_JOBS / PACKING_GPUS * PACKING_SLEEP_S
+PACKING_TIMEOUT_S = 300.0
+GAP_BUDGET_MS = 10.0
+IDLE_WINDOW_S, IDLE_SETTLE_S, IDLE_BUDGET_S = 60.0, 5.0, 1.0
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def floor_seconds(jobs: int, workers: int) -> float:
+    """The same commands forked and exec'd by a bare pool of `workers` threads."""
+
+    def one(_: int) -> int:
+        return subprocess.run(["/bin/sh", "-c", "true"], check=False).returncode
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        codes = list(pool.map(one, range(jobs)))
+    elapsed = time.perf_counter() - start
+    if any(codes):
+        raise BenchError("`/bin/sh -c true` failed in the floor's pool")
+    return elapsed
+
+
+def bench_throughput(ctx: Context) -> list[Result]:
+    """1,000 `true` Jobs through `gctl up` on 8 fake GPUs, against the bare fork/exec floor."""
+    progress(f"throughput-1000: the floor, {THROUGHPUT_JOBS} forks in a pool of 8...")
+    floor = floor_seconds(THROUGHPUT_JOBS, THROUGHPUT_GPUS)
+    names = [f"true-{index:04d}" for index in range(THROUGHPUT_JOBS)]
+    with job_benchmarks.daemons(ctx, "throughput-1000", THROUGHPUT_GPUS) as rig:
+        progress(f"throughput-1000: {THROUGHPUT_JOBS} jobs of `true`...")
+        start = time.perf_counter()
+        job_benchmarks.create_jobs(rig.database, dict.fromkeys(names, "true"))
+        job_benchmarks.wait_finished(rig, names, THROUGHPUT_TIMEOUT_S)
+        elapsed = max(rig.watcher.finished_at[n] for n in names) - start
+    rate, floor_rate = THROUGHPUT_JOBS / elapsed, THROUGHPUT_JOBS / floor
+    return [
+        Result(
+            "throughput-1000",
+            elapsed,
+            "s",
+            round(floor * 2, 2),
+            note=f"{rate:.0f} jobs/s; floor {floor_rate:.0f} jobs/s, budget {floor_rate / 2:.0f}",
+        ),
+        Result("throughput-1000-floor", floor, "s", None, kind="info"),
+    ]
+
+
+def _packing_manifest(rig: job_benchmarks.Rig, names: list[str]) -> Path:
+    items = [
+        {
+            "apiVersion": "gctl/v1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {
+                "command": job_benchmarks.run_command(rig, name, f"sleep {PACKING_SLEEP_S:g}")
+            },
+        }
+        for name in names
+    ]
+    path = rig.root / "jobs.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return path
+
+
+def bench_packing(ctx: Context) -> list[Result]:
+    """200 `sleep 0.5` Jobs on 8 fake GPUs in one apply: makespan and the GPU gaps."""
+    names = [f"pack-{index:03d}" for index in range(PACKING_JOBS)]
+    with job_benchmarks.daemons(ctx, "packing-200", PACKING_GPUS) as rig:
+        manifest = _packing_manifest(rig, names)
+        progress(f"packing-200: {PACKING_JOBS} jobs of sleep 0.5 (ideal {PACKING_IDEAL_S:g} s)...")
+        start = time.perf_counter()
+        run_gctl(["apply", "-f", str(manifest), "--db", rig.url])
+        job_benchmarks.wait_finished(rig, names, PACKING_TIMEOUT_S)
+        makespan = max(rig.watcher.finished_at[n] for n in names) - start
+        gap = job_benchmarks.mean_gpu_gap_ms(rig, names)
+    overhead = (makespan / PACKING_IDEAL_S - 1) * 100
+    return [
+        Result(
+            "packing-200",
+            makespan,
+            "s",
+            round(PACKING_IDEAL_S * 1.02, 2),
+            note=f"{overhead:+.1f}% over the ideal {PACKING_IDEAL_S:g} s",
+        ),
+        Result("packing-200-gpu-gap-mean", gap, "ms", GAP_BUDGET_MS),
+    ]
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of a process and its live descendants (/proc/PID/stat)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = (int(fields[11]) + int(fields[12])) / TICKS
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(times.get(pid, 0.0) for pid in tree)
+
+
+def bench_idle(ctx: Context) -> list[Result]:
+    """CPU seconds of an idle `gctl up --fake-gpus 8` (controller + agent) over 60 s."""
+    with job_benchmarks.daemons(ctx, "idle-60s", 8) as rig:
+        time.sleep(IDLE_SETTLE_S)  # the warm-up job's aftermath
+        progress(f"idle-60s: measuring an idle gctl up for {IDLE_WINDOW_S:g} s...")
+        before = cpu_seconds(rig.proc.pid)
+        time.sleep(IDLE_WINDOW_S)
+        used = cpu_seconds(rig.proc.pid) - before
+        if rig.proc.poll() is not None:
+            raise rig.fail("gctl up exited while idle")
+    return [Result("idle-60s", used, "s", IDLE_BUDGET_S, note="CPU seconds")]
+
+
+BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {
+    "throughput-1000": bench_throughput,
+    "packing-200": bench_packing,
+    "idle-60s": bench_idle,
+}

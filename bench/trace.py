@@ -1,0 +1,200 @@
+"""Job traces for replay: reading the CSV, fitting jobs to the nodes, and the metrics.
+
+A trace is a CSV with the columns `job_id`, `submit_s`, `duration_s` and `gpus` (other columns,
+such as the Philly trace's `vc`, are ignored). `submit_s` and `duration_s` are seconds; `gpus`
+is a GPU count (a fraction below 1 is allowed, as gctl shares GPUs). Everything here is pure:
+no database, no processes, so unit tests give it hand-made traces.
+"""
+
+import csv
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = ("job_id", "submit_s", "duration_s", "gpus")
+
+
+class TraceError(ValueError):
+    """The trace file cannot be read: one line naming the file, the row and the field."""
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job_id: str
+    submit: float  # seconds, as in the trace
+    duration: float  # seconds of run time
+    gpus: float
+
+
+@dataclass(frozen=True)
+class Record:
+    """What happened to one replayed job, in trace seconds (any common origin)."""
+
+    submit: float
+    start: float  # its first attempt started
+    finish: float  # its last attempt ended
+    gpus: float
+
+
+@dataclass(frozen=True)
+class Metrics:
+    jobs: int
+    makespan: float  # first submission -> last finish
+    lower_bound: float
+    jct_mean: float  # job completion time: submission -> finish
+    jct_p95: float
+    queueing_mean: float  # submission -> first start
+    queueing_p95: float
+    utilization: float  # GPU-seconds used / (GPUs x makespan), 0..1
+    fifo_makespan: float = math.nan  # an ideal FIFO scheduler's, for reference
+
+    @property
+    def ratio(self) -> float:
+        return self.makespan / self.lower_bound if self.lower_bound > 0 else math.nan
+
+
+def _number(path: Path, line: int, column: str, text: str | None) -> float:
+    try:
+        value = float(text or "")
+    except ValueError:
+        raise TraceError(f"{path}: line {line}: {column} {text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise TraceError(f"{path}: line {line}: {column} {text!r} must be 0 or more")
+    return value
+
+
+def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
+    """The first `limit` jobs of the trace in submission order (a stable sort by submit_s)."""
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            header = [name.strip() for name in reader.fieldnames or []]
+            missing = [c for c in COLUMNS if c not in header]
+            if missing:
+                raise TraceError(
+                    f"{path}: missing column {missing[0]!r} (has: {', '.join(header) or 'none'}); "
+                    f"a trace needs {', '.join(COLUMNS)}"
+                )
+            reader.fieldnames = header
+            jobs = [_row(path, number, row) for number, row in enumerate(reader, start=2)]
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not a CSV file ({exc})") from None
+    jobs.sort(key=lambda j: j.submit)
+    return jobs if limit is None else jobs[:limit]
+
+
+def _row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
+    gpus = _number(path, line, "gpus", row["gpus"])
+    if gpus == 0:
+        raise TraceError(f"{path}: line {line}: gpus must be above 0")
+    return TraceJob(
+        job_id=(row["job_id"] or "").strip(),
+        submit=_number(path, line, "submit_s", row["submit_s"]),
+        duration=_number(path, line, "duration_s", row["duration_s"]),
+        gpus=gpus,
+    )
+
+
+def fit(
+    jobs: Sequence[TraceJob], gpus_per_node: int, oversize: str = "clip"
+) -> tuple[list[TraceJob], int]:
+    """Jobs asking more GPUs than one node has (gctl runs a job on one node): with "clip" they
+    ask for a whole node instead, with "skip" they are left out. Returns (jobs, how many)."""
+    fitted, changed = [], 0
+    for j in jobs:
+        if j.gpus <= gpus_per_node:
+            fitted.append(j)
+            continue
+        changed += 1
+        if oversize == "clip":
+            fitted.append(TraceJob(j.job_id, j.submit, j.duration, float(gpus_per_node)))
+    return fitted, changed
+
+
+def lower_bound(jobs: Sequence[TraceJob], total_gpus: int) -> float:
+    """A makespan no schedule can beat, measured from the first submission.
+
+    Two facts bound it from below. A job cannot finish before it was submitted plus its
+    duration: max_i(s_i + d_i). And the jobs submitted at or after a time s cannot start before
+    s, and their GPU-seconds W(s) take at least W(s)/G on G GPUs: max over submission times of
+    (s + W(s)/G); at s = the first submission that is the whole trace's work over all GPUs.
+    Times are relative to the first submission. (It ignores that a job cannot be split over
+    nodes or time, so real schedules can be well above it when a few jobs dominate.)
+    """
+    if not jobs:
+        return 0.0
+    first = min(j.submit for j in jobs)
+    bound = max(j.submit - first + j.duration for j in jobs)
+    later_work = 0.0
+    for j in sorted(jobs, key=lambda j: j.submit, reverse=True):
+        later_work += j.gpus * j.duration
+        bound = max(bound, j.submit - first + later_work / total_gpus)
+    return bound
+
+
+def fifo_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> float:
+    """The makespan of an ideal first-come-first-served list scheduler, for reference: no
+    latency at all, each job on the fullest node it fits on, later jobs may start ahead of
+    one that does not fit yet (backfill). GPUs are counted per node as a float, so fractions
+    pack perfectly. The gap between this and the lower bound is the policy's, not gctl's."""
+    if not jobs:
+        return 0.0
+    ordered = sorted(jobs, key=lambda j: j.submit)
+    free = [float(gpus_per_node)] * nodes
+    running: list[tuple[float, int, float]] = []  # (finish, node, gpus), a heap
+    waiting: list[TraceJob] = []
+    index, now, last = 0, ordered[0].submit, ordered[0].submit
+    while index < len(ordered) or waiting or running:
+        arrival = ordered[index].submit if index < len(ordered) else math.inf
+        now = min(arrival, running[0][0]) if running else arrival
+        if now == math.inf:  # what waits can never fit (fit() prevents it)
+            break
+        while running and running[0][0] <= now:
+            finish, where, gpus = heapq.heappop(running)
+            free[where] += gpus
+            last = max(last, finish)
+        while index < len(ordered) and ordered[index].submit <= now:
+            waiting.append(ordered[index])
+            index += 1
+        left = []
+        for j in waiting:
+            fits = [n for n in range(nodes) if free[n] >= j.gpus - 1e-9]
+            if not fits:
+                left.append(j)
+                continue
+            where = min(fits, key=lambda n: free[n])
+            free[where] -= j.gpus
+            heapq.heappush(running, (now + j.duration, where, j.gpus))
+        waiting = left
+    return last - ordered[0].submit
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest rank, as the other benchmarks report p99."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def metrics(records: Sequence[Record], total_gpus: int, bound: float) -> Metrics:
+    """Makespan, completion times, queueing delays and GPU utilization of a replay."""
+    if not records:
+        raise TraceError("no job was replayed")
+    first = min(r.submit for r in records)
+    makespan = max(r.finish for r in records) - first
+    jct = [r.finish - r.submit for r in records]
+    waits = [r.start - r.submit for r in records]
+    used = sum(r.gpus * (r.finish - r.start) for r in records)
+    return Metrics(
+        jobs=len(records),
+        makespan=makespan,
+        lower_bound=bound,
+        jct_mean=sum(jct) / len(jct),
+        jct_p95=percentile(jct, 0.95),
+        queueing_mean=sum(waits) / len(waits),
+        queueing_p95=percentile(waits, 0.95),
+        utilization=used / (total_gpus * makespan) if makespan > 0 else math.nan,
+    )

@@ -1,0 +1,459 @@
+"""Virtual nodes: one process plays N Nodes whose jobs "run" for a simulated time, like KWOK.
+
+`VirtualAgent` registers Nodes `PREFIX-0001` ... with fake GPUs, heartbeats all of them in one
+transaction, follows the Bindings that name them through the change feed, and writes the same
+observed states a real agent writes (`nodeagent.agent.Agent._report`): Running with a start
+time and a pid (this process's own: nothing is executed), then Exited with an exit code and a
+reason, or Exited with the stop reason when the controller asked for a stop. So the controller
+cannot tell a virtual node from a real one.
+
+A job's simulated run time is its annotation `gctl/simulated-duration` (seconds, a float;
+absent: 0, the job ends at once), divided by the agent's time scale; its exit code is
+`gctl/simulated-exit-code` (default 0). A stopped job dies at once as if by SIGTERM (exit code
+143): stop warnings and grace periods are not simulated. Timers live in a heap keyed on an
+injected monotonic clock; the loop sleeps until the next timer, heartbeat or feed wake-up, so
+an idle virtual agent uses no CPU. Each wake reads only the Bindings the feed named or whose
+timer fired (all of them at start, and after a failed write) and writes every report of the
+wake in one transaction.
+"""
+
+import heapq
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import gctl
+from gctl.api import binding, errors, job, meta, node, quantity
+from gctl.store import db, feed, store
+
+log = logging.getLogger("gctl.agent")
+
+DURATION_ANNOTATION = "gctl/simulated-duration"
+EXIT_CODE_ANNOTATION = "gctl/simulated-exit-code"
+FAKE_LABEL = "gctl/fake-gpus"  # the same label a real agent on fake GPUs carries
+VIRTUAL_LABEL = "gctl/virtual-node"
+SIGTERM_EXIT = 143  # 128 + 15, as supervisor.exit_code_of reports a death by SIGTERM
+# Exited attempts need nothing more; Lost ones may still "run" here and must be stopped.
+_SYNCED_PHASES = frozenset({"Pending", "Running", "Lost"})
+
+CHUNK = 500  # names in one IN list: far below SQLite's limit on a statement's parameters
+Key = tuple[str, str]  # a Binding's (namespace, name)
+
+
+@dataclass
+class Simulated:
+    """One attempt "running" on a virtual node: when it started, when it ends, and how."""
+
+    key: Key
+    started: datetime
+    finish: datetime
+    due: float  # monotonic time of `finish`
+    exit_code: int = 0
+    signal: str | None = None
+    stop_reason: str | None = None
+
+
+@dataclass
+class _Pass:
+    """What one wake reads and decides: the Bindings, their Jobs, and the reports."""
+
+    bindings: list[binding.Binding]
+    owners: dict[Key, job.Job]
+    reports: list[binding.Binding] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)  # uids whose Exited report is in `reports`
+
+
+def node_names(count: int, prefix: str) -> list[str]:
+    width = max(4, len(str(count)))
+    return [f"{prefix}-{index:0{width}d}" for index in range(1, count + 1)]
+
+
+def simulated_run(owner: job.Job) -> tuple[float, int]:
+    """(seconds, exit code) from the Job's annotations; errors.Invalid names a bad one."""
+    annotations = owner.metadata.annotations
+    values = []
+    for name, default, kind in (
+        (DURATION_ANNOTATION, "0", float),
+        (EXIT_CODE_ANNOTATION, "0", int),
+    ):
+        text = annotations.get(name, default)
+        try:
+            values.append(kind(text))
+        except ValueError:
+            what = "a number of seconds" if kind is float else "a whole number"
+            raise errors.Invalid(f"annotation {name}: {text!r} is not {what}") from None
+    seconds, code = values
+    if not 0 <= seconds < math.inf:  # NaN fails this too
+        raise errors.Invalid(
+            f"annotation {DURATION_ANNOTATION}: {seconds!r} is not a finite, non-negative number"
+        )
+    return float(seconds), int(code)
+
+
+class VirtualAgent:
+    def __init__(
+        self,
+        database: db.Database,
+        *,
+        nodes: int,
+        gpus_per_node: int,
+        name_prefix: str = "vnode",
+        gpu_model: str = "Fake GPU",
+        gpu_memory: str = "80Gi",
+        labels: dict[str, str] | None = None,
+        heartbeat_seconds: float = 10.0,
+        time_scale: float = 1.0,
+        clock: Callable[[], datetime] = meta.utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if time_scale <= 0:
+            raise errors.Invalid(f"time scale {time_scale:g}: must be above 0")
+        self.db = database
+        self.names = node_names(nodes, name_prefix)
+        self._name_set = frozenset(self.names)
+        self.gpus_per_node = gpus_per_node
+        self.gpu_model = gpu_model
+        self.gpu_memory = quantity.parse_bytes(gpu_memory)
+        self.labels = dict(labels or {}) | {FAKE_LABEL: "true", VIRTUAL_LABEL: "true"}
+        self.heartbeat_seconds = heartbeat_seconds
+        self.time_scale = time_scale
+        self.clock = clock
+        self.monotonic = monotonic
+        self.pid = os.getpid()
+        self.wake = threading.Event()
+        self.sims: dict[str, Simulated] = {}  # uid -> attempt "running" here
+        self._timers: list[tuple[float, str]] = []  # (due, uid), a heap
+        self._lock = threading.Lock()  # guards the three below, shared with the feed thread
+        self._dirty: set[Key] = set()
+        self._resync = True  # read every Binding of these nodes on the next wake
+        self._written: set[int] = set()  # revisions of our own reports: no wake-up for them
+
+    # -- the Nodes -----------------------------------------------------------------------------
+
+    def _gpus(self, name: str) -> list[node.GPUInfo]:
+        return [
+            node.GPUInfo(
+                index=i,
+                uuid=f"GPU-virtual-{name}-{i}",
+                model=self.gpu_model,
+                memory_total=self.gpu_memory,
+                memory_used=0,
+                utilization=0,
+                fake=True,
+            )
+            for i in range(self.gpus_per_node)
+        ]
+
+    def _nodes(self, writer: store.Store) -> list[node.Node]:
+        """These Nodes as stored, after creating the missing ones (a deleted Node comes back
+        on the next heartbeat, as with a real agent)."""
+        wires = [
+            wire
+            for start in range(0, len(self.names), CHUNK)
+            for wire in writer.list_wire(node.Node, names=self.names[start : start + CHUNK])
+        ]
+        found = [node.Node.model_validate(w) for w in wires]
+        known = {n.name for n in found}
+        created = writer.create_many(
+            [
+                node.Node(metadata=meta.ObjectMeta(name=name, labels=self.labels))
+                for name in self.names
+                if name not in known
+            ]
+        )
+        for new in created:
+            writer.record_event(
+                new, "Registered", f"{self.gpus_per_node} virtual GPU(s)", source="agent/virtual"
+            )
+        return found + created
+
+    def heartbeat(self) -> None:
+        """Register or refresh every Node: GPUs, heartbeat, Ready; all in one transaction."""
+        now = self.clock()
+        hostname = socket.gethostname()
+
+        def work(writer: store.Store) -> None:
+            for stored in self._nodes(writer):
+                current = stored
+                if any(stored.metadata.labels.get(k) != v for k, v in self.labels.items()):
+                    stored.metadata.labels = {**stored.metadata.labels, **self.labels}
+                    current = writer.update(stored)
+                status = current.status
+                status.gpus = self._gpus(current.name)
+                status.heartbeat_time = now
+                status.hostname = hostname
+                status.agent_version = gctl.__version__
+                meta.set_condition(
+                    status.conditions,
+                    "Ready",
+                    "True",
+                    "AgentReady",
+                    "the agent is heartbeating",
+                    now=now,
+                )
+                writer.update_status(current)
+            self._note_written(writer)
+
+        store.transact(self.db, work)
+
+    # -- the attempts --------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """One pass: read the Bindings that may have moved, step each, write the reports."""
+        now = self.monotonic()
+        with self._lock:
+            keys, full = self._dirty, self._resync
+            self._dirty, self._resync = set(), False
+        while self._timers and self._timers[0][0] <= now:
+            _, uid = heapq.heappop(self._timers)
+            if uid in self.sims:
+                keys.add(self.sims[uid].key)
+        if not keys and not full:
+            return
+        work = self._read(None if full else keys)
+        seen = set()
+        for bound in work.bindings:
+            seen.add(bound.metadata.uid or "")
+            self._sync_one(bound, work)
+        for uid, sim in list(self.sims.items()):
+            if uid not in seen and (full or sim.key in keys):
+                del self.sims[uid]  # its Binding is gone: the "process" ends with it
+        self._flush(work)
+
+    def _read(self, keys: set[Key] | None) -> _Pass:
+        """The Bindings named (all of these nodes' when None), and the Jobs of new ones."""
+        with self.db.read() as session:
+            reader = store.Store(session)
+            if keys is None:
+                found = reader.active_bindings(None, _SYNCED_PHASES)
+            else:
+                found = [
+                    binding.Binding.model_validate(w)
+                    for namespace, names in _by_namespace(keys)
+                    for w in reader.list_wire(binding.Binding, namespace, names=names)
+                ]
+            mine = [b for b in found if b.spec.node in self._name_set]
+            starting = {
+                (b.namespace, b.spec.job_name)
+                for b in mine
+                if (b.metadata.uid or "") not in self.sims and b.status.phase != "Exited"
+            }
+            owners = {
+                (namespace, w["metadata"]["name"]): job.Job.model_validate(w)
+                for namespace, names in _by_namespace(starting)
+                for w in reader.list_wire(job.Job, namespace, names=names)
+            }
+        return _Pass(mine, owners)
+
+    def _sync_one(self, bound: binding.Binding, work: _Pass) -> None:
+        uid = bound.metadata.uid or ""
+        phase = bound.status.phase
+        sim = self.sims.get(uid)
+        if phase in ("Exited", "Lost"):
+            # Lost: the controller retried the Job elsewhere; it must not "run" twice.
+            self.sims.pop(uid, None)
+            return
+        if sim is None:
+            sim = self._adopt_or_start(bound, work)
+            if sim is None:
+                return
+        if bound.spec.stop_reason and sim.stop_reason is None and sim.due > self.monotonic():
+            self._stop(sim, bound.spec.stop_reason)
+        if sim.due <= self.monotonic():
+            self._report_exit(bound, sim, work)
+            work.ended.append(uid)
+        elif phase != "Running":
+            self._report(bound, work, phase="Running", start_time=sim.started, pid=self.pid)
+
+    def _adopt_or_start(self, bound: binding.Binding, work: _Pass) -> Simulated | None:
+        """A Running attempt this process does not know (it restarted): adopt it from its
+        start time; a Pending one: start it, unless it was stopped or its Job is gone."""
+        owner = work.owners.get((bound.namespace, bound.spec.job_name))
+        if owner is None or owner.metadata.uid != bound.spec.job_uid:
+            if bound.status.phase == "Running":
+                self._report(
+                    bound,
+                    work,
+                    phase="Lost",
+                    reason="Lost",
+                    message="the attempt vanished",
+                    finish_time=self.clock(),
+                )
+            else:
+                self._report_ended(
+                    bound, work, "JobDeleted", "the Job was deleted before it started"
+                )
+            return None
+        if bound.status.phase == "Pending" and bound.spec.stop_reason:
+            self._report_ended(bound, work, bound.spec.stop_reason, "stopped before it started")
+            return None
+        try:
+            seconds, code = simulated_run(owner)
+        except errors.Invalid as exc:  # as a real agent reports a command it cannot run
+            self._report(
+                bound,
+                work,
+                phase="Exited",
+                exit_code=127,
+                reason="StartError",
+                message=str(exc),
+                finish_time=self.clock(),
+            )
+            return None
+        started = bound.status.start_time or self.clock()
+        return self._schedule(bound, started, seconds, code)
+
+    def _schedule(
+        self, bound: binding.Binding, started: datetime, seconds: float, code: int
+    ) -> Simulated:
+        finish = started + timedelta(seconds=seconds / self.time_scale)
+        due = self.monotonic() + (finish - self.clock()).total_seconds()
+        sim = Simulated((bound.namespace, bound.name), started, finish, due, exit_code=code)
+        self.sims[bound.metadata.uid or ""] = sim
+        heapq.heappush(self._timers, (due, bound.metadata.uid or ""))
+        return sim
+
+    def _stop(self, sim: Simulated, reason: str) -> None:
+        """The controller asked for a stop: the job dies now, as a process does on SIGTERM."""
+        sim.finish, sim.due = self.clock(), self.monotonic()
+        sim.exit_code, sim.signal, sim.stop_reason = SIGTERM_EXIT, "SIGTERM", reason
+
+    def _report_exit(self, bound: binding.Binding, sim: Simulated, work: _Pass) -> None:
+        reason = sim.stop_reason or ("Completed" if sim.exit_code == 0 else "Error")
+        self._report(
+            bound,
+            work,
+            phase="Exited",
+            start_time=bound.status.start_time or sim.started,
+            pid=self.pid,
+            exit_code=sim.exit_code,
+            signal=sim.signal,
+            finish_time=sim.finish,
+            reason=reason,
+        )
+
+    def _report_ended(self, bound: binding.Binding, work: _Pass, reason: str, message: str) -> None:
+        self._report(
+            bound, work, phase="Exited", reason=reason, message=message, finish_time=self.clock()
+        )
+
+    def _report(self, bound: binding.Binding, work: _Pass, **changes: Any) -> None:
+        status = bound.status.model_copy(update=changes)
+        if status != bound.status:
+            work.reports.append(bound.model_copy(update={"status": status}))
+
+    def _flush(self, work: _Pass) -> None:
+        """Write the wake's reports in one transaction; on a conflict, read them all again."""
+        if not work.reports:
+            return
+        try:
+            with self.db.write() as session:
+                writer = store.Store(session)
+                for report in work.reports:
+                    writer.update_status(report)
+            self._note_written(writer)
+        except errors.GctlError as exc:  # a Conflict, a deleted Binding, the database away
+            log.debug("reporting %d attempt(s): %s; reading them again", len(work.reports), exc)
+            self._mark_dirty((r.namespace, r.name) for r in work.reports)
+            return
+        for uid in work.ended:
+            self.sims.pop(uid, None)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _note_written(self, writer: store.Store) -> None:
+        if writer.written_revision is not None:
+            with self._lock:
+                self._written.add(writer.written_revision)
+
+    def _mark_dirty(self, keys: Iterable[Key], *, full: bool = False) -> None:
+        with self._lock:
+            self._dirty.update(keys)
+            self._resync = self._resync or full
+        self.wake.set()
+
+    def resync(self) -> None:
+        """Read every Binding of these nodes on the next pass (as after a failed write)."""
+        self._mark_dirty((), full=True)
+
+    def next_wake(self, next_beat: float) -> float:
+        """Seconds until the next timer or heartbeat."""
+        due = min(next_beat, self._timers[0][0]) if self._timers else next_beat
+        return max(0.0, due - self.monotonic())
+
+    def run(self, stop: threading.Event) -> None:
+        """Heartbeat and simulate until `stop` is set; wakes on the feed, timers, heartbeats."""
+        self.heartbeat()
+        log.info("%d virtual node(s) %s..%s", len(self.names), self.names[0], self.names[-1])
+        with self.db.read() as session:
+            since = store.Store(session).current_revision()
+        watcher = threading.Thread(
+            target=self._follow_feed, args=(since, stop), daemon=True, name="virtual-feed"
+        )
+        watcher.start()
+        next_beat = self.monotonic() + self.heartbeat_seconds
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                self.sync()
+                if self.monotonic() >= next_beat:
+                    self.heartbeat()
+                    next_beat = self.monotonic() + self.heartbeat_seconds
+            except Exception:  # the loop never dies: log, read everything again shortly
+                log.exception("virtual agent pass failed; retrying")
+                self.resync()
+                stop.wait(1.0)
+                continue
+            self.wake.wait(self.next_wake(next_beat))
+        watcher.join(timeout=5)
+
+    def _follow_feed(self, since: int, stop: threading.Event) -> None:
+        """Mark the Bindings of these nodes that others wrote; reconnect if the database goes.
+        When `stop` is set it wakes the loop on its way out, so that the agent ends at once."""
+        try:
+            self._watch(since, stop)
+        finally:
+            self.wake.set()
+
+    def _watch(self, since: int, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                with feed.Watch(
+                    self.db, since=since, kinds=[binding.Binding.KIND], stop=stop
+                ) as changes:
+                    for batch in changes:
+                        since = batch[-1].revision
+                        with self._lock:
+                            written = self._written
+                            self._written = {r for r in written if r > since}
+                        keys = [
+                            (c.namespace, c.name)
+                            for c in batch
+                            if c.object["spec"].get("node") in self._name_set
+                            and c.revision not in written
+                        ]
+                        if keys:
+                            self._mark_dirty(keys)
+            except Exception as exc:  # a full pass catches up on whatever was missed
+                log.warning("change feed interrupted (%s); reconnecting", exc)
+                self.resync()
+                stop.wait(2.0)
+
+
+def _by_namespace(keys: Iterable[Key]) -> list[tuple[str, list[str]]]:
+    """Names grouped by namespace, at most CHUNK in a group (one IN list of a query each)."""
+    grouped: dict[str, list[str]] = {}
+    for namespace, name in keys:
+        grouped.setdefault(namespace, []).append(name)
+    return [
+        (namespace, names[start : start + CHUNK])
+        for namespace, names in grouped.items()
+        for start in range(0, len(names), CHUNK)
+    ]

@@ -1,0 +1,150 @@
+"""The virtual agent's passes on a real database with a fake clock: no processes, no sleeping.
+
+Each test plays the scheduler by writing a Binding, then calls `sync()` as the agent's loop
+would after the change feed or a timer woke it, moving the injected clocks by hand.
+"""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gctl.api import binding, job, meta, node
+from gctl.store import db, store
+from nodeagent import virtual
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wall(self) -> datetime:
+        return START + timedelta(seconds=self.seconds)
+
+    def monotonic(self) -> float:
+        return self.seconds
+
+
+def make_agent(database: db.Database, clock: FakeTime) -> virtual.VirtualAgent:
+    return virtual.VirtualAgent(
+        database,
+        nodes=2,
+        gpus_per_node=4,
+        time_scale=10,
+        clock=clock.wall,
+        monotonic=clock.monotonic,
+    )
+
+
+def bind(database: db.Database, name: str, annotations: dict[str, str]) -> None:
+    """A Job and its first attempt on vnode-0002, as the scheduler writes them."""
+    with database.write() as session:
+        writer = store.Store(session)
+        owner = writer.create(
+            job.Job(
+                metadata=meta.ObjectMeta(name=name, annotations=annotations),
+                spec=job.JobSpec(command="true"),
+            )
+        )
+        writer.create(
+            binding.Binding(
+                metadata=meta.ObjectMeta(name=f"{name}-1", namespace="default"),
+                spec=binding.BindingSpec(
+                    job_name=name,
+                    job_uid=owner.metadata.uid or "",
+                    attempt=1,
+                    node="vnode-0002",
+                    gpus=[0],
+                ),
+            )
+        )
+
+
+def attempt(database: db.Database, name: str) -> binding.BindingStatus:
+    with database.read() as session:
+        return store.Store(session).get(binding.Binding, f"{name}-1", "default").status
+
+
+def step(agent: virtual.VirtualAgent) -> None:
+    agent.resync()
+    agent.sync()
+
+
+def test_heartbeats_register_nodes_with_fake_gpus(database: db.Database) -> None:
+    clock = FakeTime()
+    agent = make_agent(database, clock)
+    agent.heartbeat()
+    with database.write() as session:
+        store.Store(session).delete(node.Node, "vnode-0001")
+    agent.heartbeat()  # registers the deleted Node again
+    with database.read() as session:
+        nodes = store.Store(session).list_objects(node.Node)
+    assert [n.name for n in nodes] == ["vnode-0001", "vnode-0002"]
+    for n in nodes:
+        assert n.metadata.labels[virtual.VIRTUAL_LABEL] == "true"
+        assert [g.index for g in n.status.gpus] == [0, 1, 2, 3]
+        assert all(g.fake for g in n.status.gpus)
+        assert n.status.heartbeat_time == START
+        assert any(c.type == "Ready" and c.status == "True" for c in n.status.conditions)
+
+
+def test_an_attempt_runs_for_its_scaled_duration(database: db.Database) -> None:
+    clock = FakeTime()
+    agent = make_agent(database, clock)
+    bind(database, "train", {virtual.DURATION_ANNOTATION: "30", virtual.EXIT_CODE_ANNOTATION: "3"})
+    step(agent)
+    running = attempt(database, "train")
+    assert (running.phase, running.start_time) == ("Running", START)
+    assert agent.next_wake(next_beat=100) == pytest.approx(3.0)  # 30 s at time scale 10
+    clock.seconds = 2.9
+    step(agent)
+    assert attempt(database, "train").phase == "Running"
+    clock.seconds = 3.2  # woken a little late: the finish time is still the simulated one
+    agent.sync()  # the timer alone names the attempt
+    done = attempt(database, "train")
+    assert (done.phase, done.exit_code, done.reason) == ("Exited", 3, "Error")
+    assert done.finish_time == START + timedelta(seconds=3)
+
+
+def test_a_stop_request_ends_the_attempt_as_sigterm_would(database: db.Database) -> None:
+    clock = FakeTime()
+    agent = make_agent(database, clock)
+    bind(database, "long", {virtual.DURATION_ANNOTATION: "1e6"})
+    step(agent)
+    with database.write() as session:
+        writer = store.Store(session)
+        current = writer.get(binding.Binding, "long-1", "default")
+        current.spec.stop_reason = binding.STOP_PREEMPTED
+        writer.update(current)
+    clock.seconds = 5
+    step(agent)
+    done = attempt(database, "long")
+    assert (done.phase, done.exit_code, done.signal) == ("Exited", 143, "SIGTERM")
+    assert (done.reason, done.finish_time) == (binding.STOP_PREEMPTED, START + timedelta(seconds=5))
+
+
+def test_a_restarted_agent_adopts_running_attempts(database: db.Database) -> None:
+    clock = FakeTime()
+    bind(database, "train", {virtual.DURATION_ANNOTATION: "50"})
+    step(make_agent(database, clock))
+    clock.seconds = 2
+    again = make_agent(database, clock)  # a new process knows nothing of the attempt
+    step(again)
+    assert attempt(database, "train").phase == "Running"
+    clock.seconds = 5
+    again.sync()
+    assert attempt(database, "train").finish_time == START + timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("soon", "'soon' is not a number of seconds"), ("-1", "is not a finite, non-negative")],
+)
+def test_a_bad_duration_is_a_start_error(database: db.Database, value: str, message: str) -> None:
+    agent = make_agent(database, FakeTime())
+    bind(database, "bad", {virtual.DURATION_ANNOTATION: value})
+    step(agent)
+    done = attempt(database, "bad")
+    assert (done.phase, done.exit_code, done.reason) == ("Exited", 127, "StartError")
+    assert message in (done.message or "")
