@@ -275,8 +275,12 @@ def test_two_agents_share_the_work(cluster: Cluster, gctl: Gctl, tmp_path: Path)
     cluster.agent("n1", gpus=1)
     cluster.agent("n2", gpus=1)
     wait_for(lambda: _ready_nodes(gctl) == {"n1", "n2"}, "both nodes Ready")
+    # Each job runs until both have started, so however slow the machine, the second one
+    # can only start on the other node's GPU.
+    both = f"[ $(ls {tmp_path} | grep -c started-) -ge 2 ]"
+    command = f"touch {tmp_path}/started-$GCTL_NODE; until {both}; do sleep 0.05; done"
     for i in range(2):
-        apply_job(gctl, f"share-{i}", f"touch {tmp_path}/started-$GCTL_NODE; sleep 1")
+        apply_job(gctl, f"share-{i}", command)
     for i in range(2):
         wait_for(phase_is(gctl, f"share-{i}", "Succeeded"), f"share-{i} to succeed")
     assert {p.name for p in tmp_path.glob("started-*")} == {"started-n1", "started-n2"}
