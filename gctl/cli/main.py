@@ -6,15 +6,23 @@ runs (ruff's banned-module-level-imports and a test on sys.modules keep it so).
 
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 import gctl
-
-if TYPE_CHECKING:
-    from gctl.cli import daemons
+from gctl.cli import serving
+from gctl.cli.options import (
+    AllNamespacesOpt,
+    DbOpt,
+    FilesOpt,
+    NamespaceOpt,
+    OutputOpt,
+    RecursiveOpt,
+    SelectorOpt,
+    fail,
+)
 
 
 class _Root(TyperGroup):
@@ -45,45 +53,12 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-DbOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        envvar="GCTL_DB",
-        show_envvar=True,
-        help="Database: a SQLite file path or postgresql://user@host/db. "
-        "Default: the per-user SQLite file.",
-    ),
-]
-FilesOpt = Annotated[
-    list[str],
-    typer.Option("-f", "--filename", help="Manifest file or directory; - reads stdin."),
-]
-RecursiveOpt = Annotated[
-    bool, typer.Option("-R", "--recursive", help="Read directories and their subdirectories.")
-]
-NamespaceOpt = Annotated[
-    str | None, typer.Option("-n", "--namespace", help="Namespace (default: default).")
-]
-AllNamespacesOpt = Annotated[
-    bool, typer.Option("-A", "--all-namespaces", help="Across all namespaces.")
-]
-OutputOpt = Annotated[str, typer.Option("-o", "--output", help="wide | yaml | json | name.")]
-SelectorOpt = Annotated[
-    str | None, typer.Option("-l", "--selector", help="Label selector, e.g. team=nlp,env!=prod.")
-]
-
 
 @app.callback()
 def root(db: DbOpt = None) -> None:
     """Declarative GPU jobs: apply manifests, watch them run."""
     if db:  # `gctl --db URL get jobs` as well as `gctl get jobs --db URL`
         os.environ["GCTL_DB"] = db
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
 
 
 @app.command()
@@ -509,230 +484,9 @@ def uncordon(targets: TargetsArg, node: NodeFlagOpt = None, db: DbOpt = None) ->
     draining.uncordon(words=targets, node_flag=node, db_url=db)
 
 
-controller_app = typer.Typer(
-    help="The controller: schedules and follows Jobs.", no_args_is_help=True
-)
-agent_app = typer.Typer(help="The node agent: runs this host's bound Jobs.", no_args_is_help=True)
-app.add_typer(controller_app, name="controller")
-app.add_typer(agent_app, name="agent")
-
-FakeGpusOpt = Annotated[
-    int | None,
-    typer.Option("--fake-gpus", help="Offer N fake GPUs instead of asking NVML.", min=0),
-]
-GpuModelOpt = Annotated[str, typer.Option("--gpu-model", help="Model name of fake GPUs.")]
-GpuMemoryOpt = Annotated[str, typer.Option("--gpu-memory", help="Memory of each fake GPU.")]
-NodeNameOpt = Annotated[
-    str | None, typer.Option("--node-name", help="This node's name (default: the host name).")
-]
-StateDirOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--state-dir", help="Where attempts and logs live (default: ~/.local/state/gctl/NODE)."
-    ),
-]
-LabelOpt = Annotated[
-    list[str] | None, typer.Option("--label", help="Node label key=value (repeatable).")
-]
-HeartbeatOpt = Annotated[
-    float, typer.Option("--heartbeat", help="Seconds between heartbeats.", min=0.1)
-]
-GraceOpt = Annotated[
-    float,
-    typer.Option(
-        "--grace-period", help="Seconds between SIGTERM and SIGKILL when stopping.", min=0
-    ),
-]
-BackoffOpt = Annotated[
-    float,
-    typer.Option(
-        "--backoff",
-        help="Seconds before the first retry of a failed Job; doubles each time, up to 6 minutes.",
-        min=0,
-    ),
-]
-NodeTimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--node-timeout", help="Seconds without a heartbeat before a node is lost.", min=0.5
-    ),
-]
-
-
-SyncDirOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--sync", help="Also keep this directory synced, as `gctl sync DIR --watch` (repeatable)."
-    ),
-]
-
-
-FenceOpt = Annotated[
-    float,
-    typer.Option(
-        "--fence-after",
-        help="Stop this node's jobs when the agent has been silent this long (seconds; keep it "
-        "below the controller's --node-timeout; 0: never).",
-        min=0,
-    ),
-]
-
-
-SimulateOpt = Annotated[
-    bool,
-    typer.Option(
-        "--simulate",
-        help="Run no processes: each Job 'runs' for its gctl/simulated-duration annotation "
-        "(seconds) on virtual nodes.",
-    ),
-]
-VirtualNodesOpt = Annotated[
-    int | None,
-    typer.Option("--virtual-nodes", help="With --simulate: how many Nodes to play.", min=1),
-]
-GpusPerNodeOpt = Annotated[
-    int, typer.Option("--gpus-per-node", help="With --simulate: GPUs of each Node.", min=0)
-]
-TimeScaleOpt = Annotated[
-    float,
-    typer.Option(
-        "--time-scale", help="With --simulate: run simulated time this many times faster.", min=1e-9
-    ),
-]
-NamePrefixOpt = Annotated[
-    str, typer.Option("--name-prefix", help="With --simulate: Nodes are PREFIX-0001...")
-]
-
-
-def _agent_options(
-    node_name: str | None,
-    fake_gpus: int | None,
-    gpu_model: str,
-    gpu_memory: str,
-    state_dir: str | None,
-    labels: list[str] | None,
-    heartbeat: float,
-    grace: float,
-    fence: float,
-) -> "daemons.AgentOptions":
-    from pathlib import Path
-
-    from gctl.cli import daemons
-
-    return daemons.AgentOptions(
-        node_name=node_name,
-        fake_gpus=fake_gpus,
-        gpu_model=gpu_model,
-        gpu_memory=gpu_memory,
-        state_dir=Path(state_dir) if state_dir else None,
-        labels=labels or [],
-        heartbeat_seconds=heartbeat,
-        grace_seconds=grace,
-        fence_seconds=fence,
-    )
-
-
-@app.command()
-def up(
-    fake_gpus: FakeGpusOpt = None,
-    gpu_model: GpuModelOpt = "Fake GPU",
-    gpu_memory: GpuMemoryOpt = "80Gi",
-    node_name: NodeNameOpt = None,
-    state_dir: StateDirOpt = None,
-    label: LabelOpt = None,
-    heartbeat: HeartbeatOpt = 10.0,
-    grace_period: GraceOpt = 10.0,
-    fence_after: FenceOpt = 30.0,
-    node_timeout: NodeTimeoutOpt = 40.0,
-    backoff: BackoffOpt = 10.0,
-    sync_dirs: SyncDirOpt = None,
-    db: DbOpt = None,
-) -> None:
-    """Run the controller and a local node agent in one foreground process."""
-    from gctl.cli import daemons
-
-    syncs = [daemons.sync_options(d, None, True, None, None) for d in sync_dirs or []]
-
-    options = _agent_options(
-        node_name,
-        fake_gpus,
-        gpu_model,
-        gpu_memory,
-        state_dir,
-        label,
-        heartbeat,
-        grace_period,
-        fence_after,
-    )
-    daemons.up(db, options, node_timeout, backoff, syncs)
-
-
-@controller_app.command("run")
-def controller_run(
-    node_timeout: NodeTimeoutOpt = 40.0,
-    backoff: BackoffOpt = 10.0,
-    sync_dirs: SyncDirOpt = None,
-    db: DbOpt = None,
-) -> None:
-    """Run the controller in the foreground."""
-    from gctl.cli import daemons
-
-    syncs = [daemons.sync_options(d, None, True, None, None) for d in sync_dirs or []]
-    daemons.controller(db, node_timeout, backoff, syncs)
-
-
-@agent_app.command("run")
-def agent_run(
-    fake_gpus: FakeGpusOpt = None,
-    gpu_model: GpuModelOpt = "Fake GPU",
-    gpu_memory: GpuMemoryOpt = "80Gi",
-    node_name: NodeNameOpt = None,
-    state_dir: StateDirOpt = None,
-    label: LabelOpt = None,
-    heartbeat: HeartbeatOpt = 10.0,
-    grace_period: GraceOpt = 10.0,
-    fence_after: FenceOpt = 30.0,
-    simulate: SimulateOpt = False,
-    virtual_nodes: VirtualNodesOpt = None,
-    gpus_per_node: GpusPerNodeOpt = 8,
-    time_scale: TimeScaleOpt = 1.0,
-    name_prefix: NamePrefixOpt = "vnode",
-    db: DbOpt = None,
-) -> None:
-    """Run a node agent for this host in the foreground (or, with --simulate, virtual nodes)."""
-    from gctl.cli import daemons
-
-    if simulate or virtual_nodes is not None:
-        if not simulate:
-            fail("--virtual-nodes: give --simulate too (virtual nodes run no processes)")
-        if fake_gpus is not None or node_name is not None:
-            fail("--simulate: use --gpus-per-node and --name-prefix, not --fake-gpus/--node-name")
-        daemons.virtual_agent(
-            db,
-            daemons.VirtualOptions(
-                nodes=1 if virtual_nodes is None else virtual_nodes,
-                gpus_per_node=gpus_per_node,
-                name_prefix=name_prefix,
-                gpu_model=gpu_model,
-                gpu_memory=gpu_memory,
-                labels=label or [],
-                heartbeat_seconds=heartbeat,
-                time_scale=time_scale,
-            ),
-        )
-        return
-    options = _agent_options(
-        node_name,
-        fake_gpus,
-        gpu_model,
-        gpu_memory,
-        state_dir,
-        label,
-        heartbeat,
-        grace_period,
-        fence_after,
-    )
-    daemons.agent(db, options)
+app.add_typer(serving.controller_app, name="controller")
+app.add_typer(serving.agent_app, name="agent")
+app.command()(serving.up)
 
 
 @db_app.command("upgrade")
