@@ -7,7 +7,7 @@ fast. Commands that validate or write import what they need when they run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +175,32 @@ def _with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[
     return views.with_pool_views(wires, nodes, bindings, jobs)
 
 
+def _print_pages(
+    pages: Iterator[list[dict[str, Any]]],
+    label_selector: selector.Selector | None,
+    info: kinds.KindInfo,
+    where: str | None,
+    show_labels: bool,
+) -> None:
+    """A table printed page by page as it is read, as kubectl prints chunks: the first page
+    fixes the column widths, later rows follow them."""
+    table = printers.Table(
+        info.kind, False, namespaces=info.namespaced and where is None, show_labels=show_labels
+    )
+    printed = False
+    for page in pages:
+        shown = page
+        if label_selector is not None:
+            shown = [w for w in page if label_selector.matches(w["metadata"].get("labels", {}))]
+        if shown:
+            lines = table.lines(shown, datetime.now(UTC), header=not printed)
+            sys.stdout.writelines(line + "\n" for line in lines)
+            sys.stdout.flush()
+            printed = True
+    if not printed:
+        _no_resources(info, where)
+
+
 def get(
     *,
     resource: str,
@@ -192,6 +218,11 @@ def get(
     info, names = _resource_and_names(resource, names)
     label_selector = selector.parse(selector_text) if selector_text else None
     where = _where(info, namespace, all_namespaces)
+    if output == "" and not names and not (watch or watch_only) and info is kinds.JOB:
+        pages = listing.read_pages(locations.resolve_url(db_url), info, where)
+        if pages is not None:
+            _print_pages(pages, label_selector, info, where, show_labels)
+            return
     snapshot = _list(db_url, info, where, names or None)
     wires = snapshot.wires
     if label_selector is not None:
