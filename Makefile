@@ -23,9 +23,10 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The whole check: linters, then every test on SQLite and PostgreSQL (GCTL_TEST_PG).
+# The whole check: linters, then every test on SQLite and PostgreSQL (GCTL_TEST_PG), four at a
+# time (pytest-xdist): most tests wait on real processes, not on the CPU.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 4
 
 bench: setup
 	$(BIN)/python -m bench

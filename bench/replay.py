@@ -35,7 +35,7 @@ from bench.store import BenchError, Context, Result, progress
 from gctl.api import binding, job, meta
 from gctl.store import db, store
 
-PHILLY = Path("/work/shared/traces/philly-2017-11-20-3000.csv")
+PHILLY = Path(__file__).parent / "traces" / "philly-2017-11-20-3000.csv"  # CC BY 4.0
 SUITE_LIMIT, SUITE_TIME_SCALE = 500, 14400.0
 DEFAULT_LIMIT, DEFAULT_TIME_SCALE = 500, 3600.0
 RATIO_BUDGET = 1.10
