@@ -37,18 +37,23 @@ def set_options(
                 "--on-spec-change needs --applyset NAME; a Job can say spec.onSpecChange itself"
             )
         return None
+    policy = checked_set_flags(name, on_spec_change)
+    sources = [f if f == manifest.STDIN else str(Path(f).resolve()) for f in files]
+    return applying.SetOptions(
+        name=name, prune=prune, on_spec_change=policy, source=", ".join(sources)
+    )
+
+
+def checked_set_flags(name: str, on_spec_change: str | None) -> applyset.OnSpecChange | None:
+    """`--applyset NAME` and `--on-spec-change P`, as `apply` and `sync` both take them."""
     try:
         applyset.check_name(name)
     except ValueError as exc:
         raise errors.Invalid(f"--applyset: {exc}") from None
     try:
-        policy = applyset.policy(on_spec_change) if on_spec_change is not None else None
+        return applyset.policy(on_spec_change) if on_spec_change is not None else None
     except ValueError as exc:
         raise errors.Invalid(f"--on-spec-change: {exc}") from None
-    sources = [f if f == manifest.STDIN else str(Path(f).resolve()) for f in files]
-    return applying.SetOptions(
-        name=name, prune=prune, on_spec_change=policy, source=", ".join(sources)
-    )
 
 
 def line(action: applying.Action, obj: meta.Resource, suffix: str) -> str:

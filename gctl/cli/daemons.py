@@ -222,22 +222,18 @@ def sync_options(
     directory's."""
     from controller import sync as syncer
     from gctl.api import applyset, kinds
+    from gctl.cli import apply as applying
 
     path = Path(directory).resolve()
     if not path.is_dir():
         raise errors.Invalid(f"{directory}: not a directory (sync takes the directory to follow)")
     name = applyset_name or applyset.name_for_directory(str(path))
+    policy = applying.checked_set_flags(name, on_spec_change)
     try:
-        applyset.check_name(name)
-    except ValueError as exc:
-        raise errors.Invalid(f"--applyset: {exc}") from None
-    try:
-        policy = applyset.policy(on_spec_change) if on_spec_change is not None else None
         if namespace is not None:
             names.check_dns_label(namespace)
     except ValueError as exc:
-        flag = "--on-spec-change" if on_spec_change and "policy" in str(exc) else "-n"
-        raise errors.Invalid(f"{flag}: {exc}") from None
+        raise errors.Invalid(f"-n: {exc}") from None
     return syncer.Options(
         directory=path,
         name=name,
