@@ -98,8 +98,12 @@ def _select(
         where.append(f"name IN ({', '.join([mark] * len(names))})")
         params.extend(names)
     if page is not None and page[0] is not None:
-        where.append(f"(namespace, name) > ({mark}, {mark})")
-        params.extend(page[0])
+        if namespace is not None or not info.namespaced:  # SQLite's index then takes `name >`
+            where.append(f"name > {mark}")
+            params.append(page[0][1])
+        else:
+            where.append(f"(namespace, name) > ({mark}, {mark})")
+            params.extend(page[0])
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     table = schema.TABLES[info.kind]
     columns = ", ".join(f"{c}{cast} AS {c}" if c in JSON_COLUMNS and cast else c for c in COLUMNS)
