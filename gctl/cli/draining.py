@@ -215,7 +215,7 @@ def edit(verb: str, writer: store.Store, targets: list[Target]) -> list[Outcome]
     """Apply `verb` to the targets' Nodes with compare-and-set; an Event for each change."""
     from gctl.api import node
 
-    nodes = {n.name: n for n in writer.list_objects(node.Node)}
+    nodes = {n.name: n for n in writer.lock_objects(node.Node)}
     resolved = resolve(targets, nodes)
     outcomes = []
     for name in dict.fromkeys(t.node for t in resolved):

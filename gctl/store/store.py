@@ -123,7 +123,12 @@ class Store:
     # -- reads ---------------------------------------------------------------------------------
 
     def _rows(
-        self, cls: type[meta.Resource], namespace: str | None, names: Sequence[str] | None = None
+        self,
+        cls: type[meta.Resource],
+        namespace: str | None,
+        names: Sequence[str] | None = None,
+        *,
+        for_update: bool = False,
     ) -> Sequence[Row[Any]]:
         table = _table(cls.KIND)
         query = select(table)
@@ -131,6 +136,8 @@ class Store:
             query = query.where(table.c.namespace == namespace_of(cls, namespace))
         if names is not None:
             query = query.where(table.c.name.in_(names))
+        if for_update and self._dialect == "postgresql":  # SQLite's writers are serial already
+            query = query.with_for_update()
         return self.session.execute(query.order_by(table.c.namespace, table.c.name)).all()
 
     def list_wire(
@@ -172,6 +179,18 @@ class Store:
         label_selector: selector.Selector | None = None,
     ) -> list[T]:
         return [cls.model_validate(w) for w in self.list_wire(cls, namespace, label_selector)]
+
+    def lock_objects(self, cls: type[T], namespace: str | None = None) -> list[T]:
+        """Read objects and hold them until this transaction ends, for a write that must not
+        lose a race it cannot win by retrying: a cordon against an agent whose status writes
+        come faster than a CLI process can read and write (PostgreSQL; on SQLite the write
+        transaction holds the whole database already)."""
+        if self._dialect == "postgresql":
+            # Every writer locks the revision row first (its first write bumps it): so must
+            # this one, before the objects, or it deadlocks with a writer waiting on them.
+            self.session.execute(select(_REVISION.c.revision).with_for_update())
+        rows = self._rows(cls, namespace, for_update=True)
+        return [cls.model_validate(row_to_wire(cls, row)) for row in rows]
 
     def find(self, cls: type[T], name: str, namespace: str | None = None) -> T | None:
         rows = self._rows(cls, namespace_of(cls, namespace), [name])
@@ -369,6 +388,7 @@ class Store:
 
     def _remove(self, cls: type[T], obj: T) -> T:
         table = _table(cls.KIND)
+        revision = self._write_revision()  # the revision row first, as every writer locks it
         result = self.session.execute(
             delete(table).where(
                 table.c.uid == obj.metadata.uid,
@@ -377,7 +397,6 @@ class Store:
         )
         if result.rowcount == 0:  # type: ignore[attr-defined]
             raise errors.Conflict(_stale(obj))
-        revision = self._write_revision()
         metadata = obj.metadata.model_copy(
             update={
                 "resource_version": str(revision),
