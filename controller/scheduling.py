@@ -42,7 +42,7 @@ Key = reading.Key
 class Limits:
     """How much one pass may do before it leaves the rest to the next one."""
 
-    binds: int = 64  # Jobs bound
+    binds: int = 128  # Jobs bound
     writes: int = 256  # waiting Jobs whose status is written
     # Seconds of writing after which a pass starts no more writes (it binds at least one Job):
     # a pass holds the write lock, and SQLite has only one.
