@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.store import BenchError, Context, Result, gctl_command, progress, run_gctl
+from bench.trace import percentile
 from gctl.api import binding, errors, job, meta, node
 from gctl.store import db, feed, store
 
@@ -308,11 +309,6 @@ def wait_finished(rig: Rig, names: Sequence[str], timeout: float) -> None:
     failed = sorted(n for n in wanted if rig.watcher.phases.get(n) == "Failed")
     if failed:
         raise rig.fail(f"job {failed[0]} failed: {rig.watcher.messages.get(failed[0])}")
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """Nearest rank."""
-    return sorted(values)[max(0, math.ceil(fraction * len(values)) - 1)]
 
 
 def latency_rows(name: str, latencies_ms: Sequence[float], budget_ms: float) -> list[Result]:

@@ -21,8 +21,8 @@ from bench import jobs as job_benchmarks
 from bench.store import BenchError, gctl_command, progress
 from gctl.api import job, meta, node
 from gctl.store import db, store
+from nodeagent.virtual import DURATION_ANNOTATION
 
-DURATION_ANNOTATION = "gctl/simulated-duration"  # nodeagent.virtual.DURATION_ANNOTATION
 READY_TIMEOUT_S = 120.0
 HEARTBEAT_S = 10.0
 

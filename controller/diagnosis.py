@@ -7,6 +7,7 @@ most frequent first ("0/8 GPUs fit: 6 lack 40Gi free, 2 cordoned"). `gist` is wh
 message must change for a Job's status to be rewritten. Pure: no I/O.
 """
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from controller import snapshot
 from gctl.api import quantity, selection
 
 
+@functools.lru_cache(maxsize=1024)  # per waiting Job per pass, over a few distinct messages
 def gist(message: str) -> str:
     """A message's first clause without its numbers: what must change for a Job deep in the
     queue to be rewritten ("0/8 GPUs fit: 6 in use, 2 cordoned" -> "#/# GPUs fit: # in use")."""

@@ -128,6 +128,15 @@ class Controller:
                 if not waiting:
                     del self._dependents[(namespace, dependency)]
 
+    def _woken_dependents(self, change: store.Change) -> set[Key]:
+        """The Jobs waiting on a Job or Sweep that finished or went: they may now run, or
+        fail; and a scheduling pass for them."""
+        phase = change.object["status"].get("phase", "Pending")
+        if phase not in job.FINISHED_PHASES and change.type != "DELETED":
+            return set()
+        waiting = self._dependents.get((change.namespace, change.name), set())
+        return waiting | {SCHEDULE} if waiting else set()
+
     def _keys_of(self, changes: list[store.Change]) -> set[Key]:
         """What to reconcile after these changes. A scheduling pass runs only for changes that
         can free GPUs or add work: new or requeued Jobs, ended attempts, Nodes, pools and
@@ -144,19 +153,12 @@ class Controller:
                 phase = change.object["status"].get("phase", "Pending")
                 if change.type != "MODIFIED" or phase == "Pending":
                     keys.add(SCHEDULE)
-                if phase in job.FINISHED_PHASES or change.type == "DELETED":
-                    # Dependents of a finished Job may now run, or fail.
-                    waiting = self._dependents.get((change.namespace, change.name), set())
-                    keys |= waiting | ({SCHEDULE} if waiting else set())
+                keys |= self._woken_dependents(change)
                 if (owner := sweep.owner(change.object)) is not None:  # its Sweep's progress
                     keys.add(("Sweep", change.namespace, owner[0]))
             elif change.kind == "Sweep":
                 keys.add(("Sweep", change.namespace, change.name))
-                phase = change.object["status"].get("phase", "Pending")
-                if phase in job.FINISHED_PHASES or change.type == "DELETED":
-                    # A dependsOn name may be a Sweep's: its dependents may now run, or fail.
-                    waiting = self._dependents.get((change.namespace, change.name), set())
-                    keys |= waiting | ({SCHEDULE} if waiting else set())
+                keys |= self._woken_dependents(change)  # a dependsOn name may be a Sweep's
             elif change.kind == "Binding":
                 keys.add(("Job", change.namespace, change.object["spec"]["jobName"]))
                 phase = change.object["status"].get("phase", "Pending")

@@ -44,7 +44,6 @@ Snapshot = snapshot.Snapshot
 queue_key = snapshot.queue_key
 
 EPSILON = 1e-9
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NEVER = datetime.max.replace(tzinfo=UTC)
 # The head of a pool's queue: Jobs at these positions get exact messages and, where it can be
 # told, an estimated start (each takes its place on a simulated timeline of the GPUs). Further
@@ -70,9 +69,6 @@ def plan(
         placed += decision.placement is not None
         decisions.append(decision)
     return Plan(decisions)
-
-
-gist = diagnosis.gist
 
 
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:

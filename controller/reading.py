@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 
 from controller import placement, sweeps
-from gctl.api import binding, job, node, pool, profile, quantity, selection
+from gctl.api import binding, job, node, pool, profile, quantity, queue, selection
 from gctl.store import store, tables
 
 HISTORY = 200  # recent successful Jobs whose run times estimate start times
@@ -239,7 +239,7 @@ def request_of(w: Wire, world: World) -> placement.Request:
         gpu_model=resources.get("gpuModel", found.gpu_model if found else None),
         node=pinned_spec.get("node"),
         pinned=pinned,
-        pool=spec.get("pool") or placement.DEFAULT_POOL,
+        pool=queue.pool_of(w),
         priority=int(spec.get("priority", 0)),
         created=parse_time(w["metadata"].get("creationTimestamp")),
         deadline=deadline,

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controller import placement, reading
+from controller import diagnosis, placement, reading
 from gctl.api import binding, job, meta
 from gctl.store import store
 
@@ -285,7 +285,7 @@ def stale(w: Wire, d: placement.Decision, now: datetime) -> bool:
         w["metadata"].get("generation"),
     ):
         return True
-    if placement.gist(said.get("message", "")) != placement.gist(d.message):
+    if diagnosis.gist(said.get("message", "")) != diagnosis.gist(d.message):
         return True
     if _drifted(reading.parse_time(status.get("estimatedStartTime")), d.estimated_start, now):
         return True

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from gctl.api import queue
 
-DEFAULT_POOL = "default"
+DEFAULT_POOL = queue.DEFAULT_POOL
 
 
 @dataclass(frozen=True)

@@ -325,24 +325,10 @@ def _source_fingerprint(m: manifest.Manifest) -> Fingerprint:
 def _changed_field(current: meta.Resource, desired: meta.Resource) -> str:
     """The first field apply decides (spec, labels, annotations) that differs."""
     old, new = current.wire(), desired.wire()
-    for section in ("spec",):
-        path = _difference(section, old.get(section), new.get(section))
-        if path is not None:
-            return path
+    if old.get("spec") != new.get("spec"):
+        return applying.first_difference("spec", old.get("spec"), new.get("spec"))
     for part in ("labels", "annotations"):
         before, after = old["metadata"].get(part, {}), new["metadata"].get(part, {})
-        path = _difference(f"metadata.{part}", before, after)
-        if path is not None:
-            return path
+        if before != after:
+            return applying.first_difference(f"metadata.{part}", before, after)
     return "metadata"
-
-
-def _difference(path: str, old: Any, new: Any) -> str | None:
-    if old == new:
-        return None
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new)):
-            found = _difference(f"{path}.{key}", old.get(key), new.get(key))
-            if found is not None:
-                return found
-    return path

@@ -177,11 +177,7 @@ def _fake_gpu_users() -> list[tuple[int, str, set[int], int, int]]:
             indices = {int(part) for part in listed.split(",") if part.strip().isdigit()}
         except (ValueError, KeyError):
             continue
-        try:
-            with open(f"{PROC}/{pid}/comm", encoding="utf-8") as handle:
-                name = handle.read().strip()
-        except OSError:
-            name = ""
+        name = _name_of(pid) or ""
         found.append((pid, name, indices, memory, util))
     return found
 

@@ -9,7 +9,6 @@ to trust and no window between launching it and it taking the lock; `pid.json` a
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -20,7 +19,6 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nodeagent import supervisor
 
@@ -86,13 +84,13 @@ class Runtime:
         directory = self.attempts_dir / uid
         if not (directory / supervisor.SPEC).exists():
             return State("absent")
-        exit_record = _read(directory / supervisor.EXIT)
-        pid_record = _read(directory / supervisor.PID)
+        exit_record = supervisor.read_json(directory / supervisor.EXIT)
+        pid_record = supervisor.read_json(directory / supervisor.PID)
         pid = int(pid_record["pid"]) if pid_record else None
         started = float(pid_record["started"]) if pid_record else None
         if exit_record is not None:
             stopped = bool(exit_record.get("stopped"))
-            request = (_read(directory / supervisor.STOP) or {}) if stopped else {}
+            request = (supervisor.read_json(directory / supervisor.STOP) or {}) if stopped else {}
             return State(
                 "exited",
                 pid=pid,
@@ -172,7 +170,7 @@ class Runtime:
         and `warn`), then SIGTERM, then SIGKILL after the grace period. A `reason` given here
         is the one the attempt reports when it has exited."""
         directory = self.attempts_dir / uid
-        record = _read(directory / supervisor.PID)
+        record = supervisor.read_json(directory / supervisor.PID)
         if record is not None and self.state(uid).phase == "running":
             # The first request says why; one that allows no warning replaces a warned one.
             if not warn or not (directory / supervisor.STOP).exists():
@@ -185,7 +183,7 @@ class Runtime:
 
     def kill_lost(self, uid: str) -> None:
         """End what is left of an attempt whose supervisor died: its whole process group."""
-        record = _read(self.attempts_dir / uid / supervisor.PID)
+        record = supervisor.read_json(self.attempts_dir / uid / supervisor.PID)
         # Only in the boot that recorded it: after a reboot the pid is someone else's.
         if record is not None and record.get("bootId") == supervisor.boot_id():
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -271,14 +269,6 @@ class _ForkServer:
     def close(self) -> None:
         with self._lock:
             self._stop()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return document
 
 
 def _tail(path: Path, limit: int = 300) -> str:

@@ -158,7 +158,7 @@ class _Stopper:
             self._send()
 
     def _request(self) -> dict[str, Any]:
-        return _read_json(self.attempt_dir / STOP) or {}
+        return read_json(self.attempt_dir / STOP) or {}
 
     def _send(self) -> None:
         """SIGTERM with the grace timer armed, or, after the grace period, SIGKILL."""
@@ -170,7 +170,7 @@ class _Stopper:
             signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.001))
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -46,12 +46,7 @@ class NodeSpec(meta.Model):
 
     def closed(self, index: int) -> bool:
         """Whether GPU `index` takes no new work."""
-        return (
-            self.unschedulable
-            or self.draining
-            or index in self.cordoned_gpus
-            or index in self.draining_gpus
-        )
+        return self.gpu_state(index) is not None
 
     def gpu_state(self, index: int) -> str | None:
         """ "Draining" for a draining GPU, "Cordoned" for a cordoned one, else None."""

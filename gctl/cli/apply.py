@@ -10,16 +10,9 @@ from pathlib import Path
 
 from gctl.api import applyset, errors, manifest, meta
 from gctl.cli import printers
-from gctl.store import applying, db
+from gctl.store import applying, applysets, db
 
-# The engine's names, as this module has always offered them.
-Action = applying.Action
-Key = applying.Key
-Verb = applying.Verb
-key_of = applying.key_of
-plan = applying.plan
-snapshot = applying.snapshot
-execute = applying.execute
+# `gctl apply` (gctl.cli.commands) calls the engine through this module.
 apply = applying.apply
 
 
@@ -78,7 +71,7 @@ def diff(
     for action in actions:
         if action.verb == "unchanged":
             continue
-        name = "/".join(part for part in key_of(action.desired) if part)
+        name = "/".join(part for part in applysets.key_of(action.desired) if part)
         before = _diffable(action.current) if action.current and action.verb != "replaced" else ""
         after = "" if action.verb == "pruned" else _diffable(action.desired)
         chunks.extend(

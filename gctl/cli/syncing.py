@@ -7,6 +7,7 @@ gctl.store.applying.
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import kinds
+from gctl.cli import describe
 
 if TYPE_CHECKING:
     from gctl.store import store
@@ -41,13 +42,4 @@ def members_section(reader: "store.Store", wire: dict[str, Any]) -> list[str]:
         ]
         for member in members
     ]
-    return ["Members:", *_table(["Kind", "Namespace", "Name", "Phase"], rows)]
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) for i in range(len(headers))]
-    rule = ["-" * len(h) for h in headers]
-    return [
-        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
-        for row in [headers, rule, *rows]
-    ]
+    return ["Members:", *describe._table(["Kind", "Namespace", "Name", "Phase"], rows)]

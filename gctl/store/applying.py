@@ -260,11 +260,12 @@ def _frozen_field_changed(existing: meta.Resource, desired: meta.Resource) -> st
     old, new = existing.wire()["spec"], desired.wire()["spec"]
     for name in job.IMMUTABLE_ONCE_STARTED:
         if old.get(name) != new.get(name):
-            return "spec." + _first_difference(name, old.get(name), new.get(name))
+            return "spec." + first_difference(name, old.get(name), new.get(name))
     return None
 
 
-def _first_difference(path: str, old: Any, new: Any) -> str:
+def first_difference(path: str, old: Any, new: Any) -> str:
+    """The path of the first field in which two differing wire values differ."""
     # An empty mapping is dropped from the wire: `resources` absent is `resources: {}`.
     if isinstance(old, dict) and new is None:
         new = {}
@@ -273,7 +274,7 @@ def _first_difference(path: str, old: Any, new: Any) -> str:
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
-                return _first_difference(f"{path}.{key}", old.get(key), new.get(key))
+                return first_difference(f"{path}.{key}", old.get(key), new.get(key))
     return path
 
 

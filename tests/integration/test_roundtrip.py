@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gctl.api import manifest
-from gctl.cli import apply, printers
-from gctl.store import db, store
+from gctl.cli import printers
+from gctl.store import applying, db, store
 
 _names = itertools.count()
 label_text = st.from_regex(r"\A[A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?\Z")
@@ -71,13 +71,15 @@ def test_apply_get_yaml_apply_is_unchanged(
     notes: dict[str, str],
 ) -> None:
     text = _documents(specs, labels, notes)
-    first = apply.apply(database, manifest.parse("in.yaml", text), force=False, dry_run=False)
+    first = applying.apply(database, manifest.parse("in.yaml", text), force=False, dry_run=False)
     assert {action.verb for action, _ in first} == {"created"}
     names = [obj.name for _, obj in first]
     with database.read() as session:
         wires = store.Store(session).list_wire(first[0][1].__class__, "default", names=names)
     exported = printers.dump_yaml(printers.as_list(wires))
-    again = apply.apply(database, manifest.parse("out.yaml", exported), force=False, dry_run=False)
+    again = applying.apply(
+        database, manifest.parse("out.yaml", exported), force=False, dry_run=False
+    )
     assert [action.verb for action, _ in again] == ["unchanged"] * len(names)
     with database.read() as session:
         after = store.Store(session).list_wire(first[0][1].__class__, "default", names=names)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller import placement
+from controller import diagnosis, placement
 from controller.placement import GPU, Allocation, Decision, Node, Pool, Request, Snapshot
 
 GI = 2**30
@@ -352,4 +352,4 @@ def test_the_planner_stops_after_max_placements() -> None:
 
 
 def test_gist_keeps_the_first_clause_without_numbers() -> None:
-    assert placement.gist("0/1000 GPUs fit: 999 in use, 1 reserved") == "#/# GPUs fit: # in use"
+    assert diagnosis.gist("0/1000 GPUs fit: 999 in use, 1 reserved") == "#/# GPUs fit: # in use"

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gctl.api import errors, job, manifest, meta
-from gctl.cli import apply
+from gctl.store import applying, applysets
 from tests.builders import make_job
 
 SOURCE = manifest.Source("job.yaml", 1)
@@ -22,12 +22,12 @@ def _stored(builder_job: job.Job, phase: str = "Pending", rv: str = "7") -> job.
     return stored
 
 
-def _plan(desired: job.Job, current: job.Job | None, force: bool = False) -> apply.Action:
+def _plan(desired: job.Job, current: job.Job | None, force: bool = False) -> applying.Action:
     desired.metadata.namespace = desired.metadata.namespace or "default"
-    snapshot: dict[apply.Key, meta.Resource] = {}
+    snapshot: dict[applysets.Key, meta.Resource] = {}
     if current is not None:
-        snapshot[apply.key_of(current)] = current
-    (action,) = apply.plan([manifest.Manifest(SOURCE, desired)], snapshot, force)
+        snapshot[applysets.key_of(current)] = current
+    (action,) = applying.plan([manifest.Manifest(SOURCE, desired)], snapshot, force)
     return action
 
 
