@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gctl.api import applyset, errors, manifest, meta
-from gctl.cli import printers
-from gctl.store import applying, applysets, db
+from gctl.store import applying, applysets
 
-# `gctl apply` (gctl.cli.commands) calls the engine through this module.
-apply = applying.apply
+# `gctl apply` (gctl.cli.commands) calls the engine through this module: it chooses whether the
+# driver alone or the Store does the work.
+apply_at = applying.apply_at
 
 
 def set_options(
@@ -56,17 +56,14 @@ def line(action: applying.Action, obj: meta.Resource, suffix: str) -> str:
 
 
 def diff(
-    database: db.Database,
+    url: str,
     manifests: Sequence[manifest.Manifest],
     force: bool,
     options: applying.SetOptions | None = None,
 ) -> str:
     """A unified diff of each object as stored against what apply would make it; a pruned
     object is diffed against nothing."""
-    with database.read() as session:
-        from gctl.store import store
-
-        actions = applying.decide(store.Store(session), manifests, force, options)
+    actions = applying.decide_at(url, manifests, force, options)
     chunks: list[str] = []
     for action in actions:
         if action.verb == "unchanged":
@@ -87,6 +84,8 @@ def diff(
 
 def _diffable(obj: meta.Resource) -> str:
     """The object as it would read after apply, without fields that apply does not decide."""
+    from gctl.cli import printers
+
     wire = obj.wire()
     metadata = {
         k: v

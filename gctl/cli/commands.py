@@ -45,14 +45,13 @@ def apply(
 ) -> None:
     from gctl.api import manifest
     from gctl.cli import apply as applying
-    from gctl.store import db
 
     _check_output(output)
     options = applying.set_options(applyset, prune, on_spec_change, files)
     manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
     _check_namespace(manifests, namespace)
-    database = db.Database.open(db_url)
-    results = applying.apply(database, manifests, force, dry_run, options)
+    url = locations.resolve_url(db_url)
+    results = applying.apply_at(url, manifests, force, dry_run, options)
     suffix = " (dry run)" if dry_run else ""
     if output in ("yaml", "json"):
         printers.print_objects(
@@ -91,13 +90,12 @@ def diff(
 ) -> None:
     from gctl.api import manifest
     from gctl.cli import apply as applying
-    from gctl.store import db
 
     try:
         options = applying.set_options(applyset, prune, None, files)
         manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
         _check_namespace(manifests, namespace)
-        text = applying.diff(db.Database.open(db_url), manifests, force, options)
+        text = applying.diff(locations.resolve_url(db_url), manifests, force, options)
     except errors.GctlError as exc:
         _fail(str(exc), code=2)
         return

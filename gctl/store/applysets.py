@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
-
 from gctl.api import applyset, errors, kinds, meta
-from gctl.store import store, tables
+from gctl.store import listing
 
 if TYPE_CHECKING:
-    from gctl.store import applying
+    from gctl.store import applying, store
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -40,11 +38,15 @@ class OtherSource(errors.Forbidden):
 
 
 def key_of(obj: meta.Resource) -> Key:
-    return (obj.KIND, store.namespace_of(type(obj), obj.metadata.namespace), obj.name)
+    return (obj.KIND, listing.namespace_of(obj.INFO, obj.metadata.namespace), obj.name)
 
 
-def members(reader: store.Store, name: str) -> list[meta.Resource]:
+def members(reader: "store.Store", name: str) -> list[meta.Resource]:
     """Every object of an appliable kind labelled as a member of the set, in any namespace."""
+    from sqlalchemy import select
+
+    from gctl.store import store, tables
+
     found: list[meta.Resource] = []
     for kind in sorted(kinds.APPLIABLE):
         cls = kinds.model(kind)
@@ -75,7 +77,7 @@ def check_source(stored: applyset.ApplySet | None, options: SetOptions) -> None:
         )
 
 
-def ensure_set(writer: store.Store, options: SetOptions) -> applyset.ApplySet:
+def ensure_set(writer: "store.Store", options: SetOptions) -> applyset.ApplySet:
     """The ApplySet as stored, created or with its spec brought up to date."""
     stored = writer.find(applyset.ApplySet, options.name)
     check_source(stored, options)
@@ -101,7 +103,7 @@ def ensure_set(writer: store.Store, options: SetOptions) -> applyset.ApplySet:
 
 
 def record_set(
-    writer: store.Store,
+    writer: "store.Store",
     options: SetOptions,
     results: Sequence[tuple["applying.Action", meta.Resource]],
     now: datetime,
@@ -142,7 +144,7 @@ def record_set(
 
 
 def record_failure(
-    writer: store.Store,
+    writer: "store.Store",
     options: SetOptions,
     reason: str,
     error: applyset.SourceError,

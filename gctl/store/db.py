@@ -1,6 +1,7 @@
 """Opening the database: how SQLite is tuned, and keeping the schema current.
 
-Where the database is comes from `locations`.
+Where the database is comes from `locations`; the pragmas every SQLite connection gets are
+`driver`'s, shared with the path that reads and creates without SQLAlchemy.
 """
 
 import contextlib
@@ -15,10 +16,10 @@ from sqlalchemy import Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session
 
 from gctl.api import errors
-from gctl.store import locations, notify, schema
+from gctl.store import driver, locations, notify, schema
 
 MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_BUSY_TIMEOUT_MS = driver.BUSY_TIMEOUT_MS
 
 
 def display_url(url: str) -> str:
@@ -47,7 +48,7 @@ class Database:
                     "invisible to the controller and agents"
                 )
             self.sqlite_path = Path(parsed.database)
-            self.notify_path = self.sqlite_path.with_name(self.sqlite_path.name + "-notify")
+            self.notify_path = locations.notify_path(self.sqlite_path)
             _prepare_sqlite_file(self.sqlite_path)
             self._writer = threading.RLock()
             self.engine: Engine = create_engine(url)
@@ -173,12 +174,7 @@ def _prepare_sqlite_file(path: Path) -> None:
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # Let SQLAlchemy's "begin" event emit BEGIN itself (pysqlite's own handling defers it).
     dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.close()
+    driver.tune(dbapi_connection)
 
 
 def _sqlite_on_begin(conn: Any) -> None:

@@ -79,7 +79,7 @@ class Snapshot:
     wires: list[dict[str, Any]]
 
 
-def _select(
+def query(
     info: kinds.KindInfo,
     namespace: str | None,
     names: Sequence[str] | None,
@@ -88,8 +88,9 @@ def _select(
     cast: str = "",
     page: tuple[tuple[str, str] | None, int] | None = None,
 ) -> tuple[str, list[Any]]:
-    """The SELECT of `read`; with `page` = (last key read or None, size), one page of it, in
-    key order after that key (keyset pagination: the (namespace, name) index serves it)."""
+    """The SELECT of `read` and of gctl.store.driver's reads; with `page` = (last key read or
+    None, size), one page of it, in key order after that key (keyset pagination: the
+    (namespace, name) index serves it)."""
     where, params = [], []
     if namespace is not None or not info.namespaced:
         where.append(f"namespace = {mark}")
@@ -178,8 +179,8 @@ def _pages(
         after: tuple[str, str] | None = None
         try:
             while True:
-                query, params = _select(info, namespace, None, mark, cast=cast, page=(after, size))
-                rows = conn.execute(query, params).fetchall()
+                sql, params = query(info, namespace, None, mark, cast=cast, page=(after, size))
+                rows = conn.execute(sql, params).fetchall()
                 if rows:
                     yield [row_to_wire(info, row) for row in rows]
                 if len(rows) < size:
@@ -206,8 +207,8 @@ def _read_sqlite(
         if _version(conn.execute("SELECT version_num FROM alembic_version")) != schema.HEAD:
             return None
         revision = conn.execute("SELECT revision FROM revision").fetchone()[0]
-        query, params = _select(info, namespace, names, "?")
-        rows = conn.execute(query, params).fetchall()
+        sql, params = query(info, namespace, names, "?")
+        rows = conn.execute(sql, params).fetchall()
         return Snapshot(int(revision), [row_to_wire(info, row) for row in rows])
     except sqlite3.Error:
         return None
@@ -235,8 +236,8 @@ def _read_postgres(
             return None
         revision = conn.execute("SELECT revision FROM revision").fetchone()
         # JSON as text: most labels and annotations are empty, which _document skips decoding.
-        query, params = _select(info, namespace, names, "%s", cast="::text")
-        rows = conn.execute(query, params).fetchall()
+        sql, params = query(info, namespace, names, "%s", cast="::text")
+        rows = conn.execute(sql, params).fetchall()
         return Snapshot(
             int(revision["revision"]) if revision else 0, [row_to_wire(info, row) for row in rows]
         )

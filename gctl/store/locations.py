@@ -31,6 +31,11 @@ def sqlite_path(url: str) -> Path | None:
     return Path("/" + url.removeprefix(prefix).lstrip("/")) if url.startswith(prefix) else None
 
 
+def notify_path(sqlite_file: Path) -> Path:
+    """The doorbell rung after every committed write to a SQLite file (gctl.store.notify)."""
+    return sqlite_file.with_name(sqlite_file.name + "-notify")
+
+
 def libpq_url(url: str) -> str | None:
     """A `postgresql+psycopg://` URL as libpq takes it, or None for any other database."""
     for prefix in ("postgresql+psycopg://", "postgresql://"):

@@ -17,7 +17,7 @@ from sqlalchemy import Row, Table, delete, exc, insert, select, update
 from sqlalchemy.orm import Session
 
 from gctl.api import binding, errors, event, job, meta, selector
-from gctl.store import db, listing, tables
+from gctl.store import db, driver, listing, schema, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
@@ -284,31 +284,9 @@ class Store:
         created: list[T] = []
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for position, obj in enumerate(objs):
-            now = start + timedelta(microseconds=position)
-            metadata = obj.metadata.model_copy(
-                update={
-                    "namespace": namespace_of(type(obj), obj.metadata.namespace) or None,
-                    "uid": str(uuid.uuid4()),
-                    "generation": 1,
-                    "resource_version": str(revision),
-                    "creation_timestamp": now,
-                    "deletion_timestamp": None,
-                }
-            )
-            new = obj.model_copy(update={"metadata": metadata})
+            new, row = driver.creation(obj, revision, start + timedelta(microseconds=position))
             created.append(new)
-            by_kind.setdefault(obj.KIND, []).append(
-                _values(new)
-                | {
-                    "uid": metadata.uid,
-                    "namespace": metadata.namespace or "",
-                    "name": metadata.name,
-                    "generation": 1,
-                    "resource_version": revision,
-                    "created_at": now,
-                    "deleted_at": None,
-                }
-            )
+            by_kind.setdefault(obj.KIND, []).append(row)
         for kind, rows in by_kind.items():
             try:
                 self.session.execute(insert(_table(kind)), rows)
@@ -331,7 +309,7 @@ class Store:
         spec_changed = values["spec"] != current.spec
         generation = current.generation + 1 if spec_changed else current.generation
         values.pop("status")
-        values |= tables.ROWS[obj.KIND].derived(values["spec"], current.status)
+        values |= schema.derived(obj.KIND, values["spec"], current.status)
         return self._guarded_update(obj, current, values | {"generation": generation})
 
     def update_status(self, obj: T) -> T:
@@ -345,13 +323,11 @@ class Store:
         if uid is None or version is None:
             current = self._current(obj)
             status = obj.wire()["status"]
-            values = {"status": status} | tables.ROWS[obj.KIND].derived(current.spec, status)
+            values = {"status": status} | schema.derived(obj.KIND, current.spec, status)
             return self._guarded_update(obj, current, values)
         wire = obj.wire()
         table = _table(obj.KIND)
-        values = {"status": wire["status"]} | tables.ROWS[obj.KIND].derived(
-            wire["spec"], wire["status"]
-        )
+        values = {"status": wire["status"]} | schema.derived(obj.KIND, wire["spec"], wire["status"])
         revision = self._write_revision()
         result = self.session.execute(
             update(table)
@@ -502,7 +478,7 @@ def _values(obj: meta.Resource) -> dict[str, Any]:
         "owner_references": wire["metadata"].get("ownerReferences", []),
         "spec": spec,
         "status": status,
-        **tables.ROWS[obj.KIND].derived(spec, status),
+        **schema.derived(obj.KIND, spec, status),
     }
 
 

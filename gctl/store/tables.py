@@ -78,11 +78,6 @@ class ObjectRow:
     spec: Mapped[dict[str, Any]]
     status: Mapped[dict[str, Any]]
 
-    @staticmethod
-    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Columns copied out of spec/status so that queries can filter and sort on them."""
-        return {}
-
 
 class JobRow(ObjectRow, Base):
     __tablename__ = schema.TABLES["Job"]
@@ -94,14 +89,6 @@ class JobRow(ObjectRow, Base):
     phase: Mapped[str] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer)
     pool: Mapped[str | None] = mapped_column(String(253))
-
-    @staticmethod
-    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "phase": status.get("phase", "Pending"),
-            "priority": spec.get("priority", 0),
-            "pool": spec.get("pool"),
-        }
 
 
 class GPUPoolRow(ObjectRow, Base):
@@ -140,14 +127,6 @@ class BindingRow(ObjectRow, Base):
     job_uid: Mapped[str] = mapped_column(String(36))
     phase: Mapped[str] = mapped_column(String(16))
 
-    @staticmethod
-    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "node": spec.get("node", ""),
-            "job_uid": spec.get("jobUID", ""),
-            "phase": status.get("phase", "Pending"),
-        }
-
 
 class EventRow(ObjectRow, Base):
     __tablename__ = schema.TABLES["Event"]
@@ -156,10 +135,6 @@ class EventRow(ObjectRow, Base):
         Index("ix_events_involved_uid", "involved_uid"),
     )
     involved_uid: Mapped[str | None] = mapped_column(String(36))
-
-    @staticmethod
-    def derived(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        return {"involved_uid": spec.get("involvedObject", {}).get("uid")}
 
 
 class RevisionRow(Base):

@@ -960,6 +960,42 @@ def test_startup_imports_nothing_heavy(tmp_path: Path, argv: list[str], shows: s
     assert last == "HEAVY="
 
 
+def _probe(argv: list[str], url: str, cwd: Path) -> tuple[list[str], set[str]]:
+    """Run gctl in-process as the console script would: (lines printed, heavy modules loaded)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "GCTL_DB": url},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr  # diff exits 1 when it found a difference
+    *printed, last = done.stdout.splitlines()
+    return printed, set(last.removeprefix("HEAVY=").split(",")) - {""}
+
+
+def test_applying_new_jobs_to_sqlite_needs_no_sqlalchemy(tmp_path: Path) -> None:
+    """The driver alone creates objects and diffs; a change to one goes through the Store."""
+    url = str(tmp_path / "gctl.db")
+    db.Database.open(url).close()
+    write(tmp_path / "a.yaml", make_job("a").yaml())
+    write(tmp_path / "a2.yaml", make_job("a").priority(3).yaml())
+
+    created, created_with = _probe(["apply", "-f", "a.yaml"], url, tmp_path)
+    kept, kept_with = _probe(["apply", "-f", "a.yaml"], url, tmp_path)
+    diffed, diffed_with = _probe(["diff", "-f", "a2.yaml"], url, tmp_path)
+    changed, changed_with = _probe(["apply", "-f", "a2.yaml"], url, tmp_path)
+
+    assert (created, kept) == (["job.gctl/a created"], ["job.gctl/a unchanged"])
+    assert created_with == kept_with == diffed_with == {"pydantic", "yaml"}
+    assert "+  priority: 3" in diffed
+    assert changed == ["job.gctl/a configured"]
+    assert {"sqlalchemy", "pydantic", "yaml"} <= changed_with
+    assert "alembic" not in changed_with  # the schema is current: nothing to migrate
+
+
 # -- an unreachable database -----------------------------------------------------------------
 
 
