@@ -84,6 +84,10 @@ class Runtime:
         directory = self.attempts_dir / uid
         if not (directory / supervisor.SPEC).exists():
             return State("absent")
+        # Liveness first, then the records: a supervisor writes its exit record before it dies,
+        # so one seen dead here has written whatever it ever will (read the other way round, an
+        # attempt that ends between the two reads would look lost).
+        alive = _supervisor_alive(directory)
         exit_record = supervisor.read_json(directory / supervisor.EXIT)
         pid_record = supervisor.read_json(directory / supervisor.PID)
         pid = int(pid_record["pid"]) if pid_record else None
@@ -103,7 +107,7 @@ class Runtime:
                 success_file=exit_record.get("successFile"),
                 success_path=exit_record.get("successFilePath"),
             )
-        if _supervisor_alive(directory):
+        if alive:
             return State("running", pid=pid, started=started)
         if pid_record is None and not (directory / supervisor.LAUNCHED).exists():
             return State("absent")  # the agent died between writing the spec and launching

@@ -1,12 +1,14 @@
 """Pure rules of running a job: back-off, exit codes, what is exec'd."""
 
+import json
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from controller import jobs
 from gctl.api import errors
-from nodeagent import agent, supervisor
+from nodeagent import agent, runtime, supervisor
 from tests.builders import make_job
 
 
@@ -48,3 +50,23 @@ def test_conda_env_without_conda_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     spec = make_job("j").build().spec.model_copy(update={"conda_env": "torch"})
     with pytest.raises(errors.Invalid, match="condaEnv 'torch': conda is not on this node"):
         agent.command_argv(spec, "0")
+
+
+def test_an_attempt_that_ends_while_its_state_is_read_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor writes its exit record, then dies (releasing its lock): an agent that
+    looked for the record before the lock would see neither, and call a clean exit lost."""
+    attempts = runtime.Runtime(tmp_path)
+    directory = attempts.attempts_dir / "uid-1"
+    directory.mkdir()
+    for name, record in ((supervisor.SPEC, {}), (supervisor.PID, {"pid": 1, "started": 0.0})):
+        (directory / name).write_text(json.dumps(record))
+
+    def ends_now(_: Path) -> bool:  # the supervisor finishes at this very moment
+        (directory / supervisor.EXIT).write_text(json.dumps({"exitCode": 0}))
+        return False
+
+    monkeypatch.setattr(runtime, "_supervisor_alive", ends_now)
+    state = attempts.state("uid-1")
+    assert (state.phase, state.exit_code) == ("exited", 0)
