@@ -73,12 +73,24 @@ def _stop(writer: store.Store, attempt: binding.Binding, reason: str) -> None:
         writer.update(attempt)
 
 
+def _withdraw(writer: store.Store, j: job.Job, attempt: binding.Binding) -> None:
+    """Take back an attempt bound ahead that its agent has not taken: it never started, so it
+    is removed (exactly as read: if its agent took it meanwhile, this conflicts and the next
+    read stops it instead) and not counted."""
+    writer.remove(attempt)
+    j.status.attempts = attempt.spec.attempt - 1
+
+
 def _finish_deletion(
     writer: store.Store,
     j: job.Job,
     attempts: list[binding.Binding],
     active: binding.Binding | None,
 ) -> None:
+    if active is not None and binding.queued(active.spec, active.status):
+        _withdraw(writer, j, active)
+        attempts = [a for a in attempts if a is not active]
+        active = None
     if active is not None:
         _stop(writer, active, binding.STOP_DELETED)
         return
@@ -93,7 +105,12 @@ def _follow_active(
     writer: store.Store, j: job.Job, active: binding.Binding, now: datetime
 ) -> datetime | None:
     if j.spec.suspend:
-        _stop(writer, active, binding.STOP_SUSPENDED)
+        if binding.queued(active.spec, active.status):
+            _withdraw(writer, j, active)
+            message = f"attempt {active.spec.attempt}, bound ahead, withdrawn: suspended"
+            _requeue(writer, j, "Suspended", message, now)
+        else:
+            _stop(writer, active, binding.STOP_SUSPENDED)
         return None
     if active.status.phase == "Running" and j.status.phase != "Running":
         j.status.phase = "Running"
@@ -216,6 +233,9 @@ def _rerun(
     back in the queue, in the same write, so a crash, or the attempt exiting on its own
     meanwhile, loses nothing and nothing happens twice."""
     why = j.metadata.annotations.get(job.ANNOTATION_RERUN_REASON) or "gctl rerun"
+    if active is not None and binding.queued(active.spec, active.status):
+        _withdraw(writer, j, active)  # it never started: it runs as the re-run
+        active = None
     if active is not None:
         if active.spec.stop_reason is None:  # else it is stopping already: wait for it
             _stop(writer, active, binding.STOP_RERUN)

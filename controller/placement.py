@@ -10,9 +10,17 @@ name) and decides each request in numbered steps:
 3. wait: it fits once attempts already stopping have ended -> hold those GPUs and wait;
 4. preempt: it fits by stopping lower-priority preemptible attempts -> stop the fewest and
    lowest (then the most recently started), hold their GPUs and wait;
-5. reserve: the first Job of its pool that still cannot start reserves the GPUs that free
+5. bind ahead: where its pool allows it, bind it to the busy whole GPUs that free soonest,
+   queued behind the jobs on them (one job ahead per GPU): their agent starts it the moment
+   they end, with no round trip through the controller;
+6. reserve: the first Job of its pool that still cannot start reserves the GPUs that free
    soonest (then: the most already free); later Jobs may not use them, unless the pool
    backfills and their deadline ends before the reservation's estimated start.
+
+A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its
+agent takes it: it stays where it is while it may (it starts now if its GPUs have freed, and
+no other Job is placed on them meanwhile); it moves to GPUs that are free now, or that a Job
+ahead of it in the queue did not take; else it goes back to waiting.
 
 A Job left waiting gets a reason, a message shaped like kube-scheduler's ("0/8 GPUs fit:
 6 lack 40Gi free, 2 cordoned"), its place in its pool's queue and, where end times are known,
@@ -50,6 +58,7 @@ NEVER = datetime.max.replace(tzinfo=UTC)
 # back, estimates are left out and messages are worked out once per request shape and pass.
 QUEUE_HEAD = 100
 RESERVED = "reserved for a Job ahead in the queue"
+QUEUED = "taken by a job bound ahead"
 
 
 def plan(
@@ -59,16 +68,29 @@ def plan(
     max_placements: int | None = None,
 ) -> Plan:
     """Decide every request, in queue order; stop after `max_placements` placements."""
-    planner = _Planner(snapshot, now)
+    ordered = sorted(requests, key=queue_key)
+    planner = _Planner(snapshot, now, [r.queued for r in ordered if r.queued is not None])
     decisions: list[Decision] = []
     placed = 0
-    for request in sorted(requests, key=queue_key):
+    for request in ordered:
         if max_placements is not None and placed >= max_placements:
             return Plan(decisions, complete=False)
         decision = planner.decide(request)
-        placed += decision.placement is not None
+        placed += changes(decision)
         decisions.append(decision)
     return Plan(decisions)
+
+
+def changes(decision: Decision) -> bool:
+    """Whether applying the decision writes a Binding: a new one, or an attempt bound ahead
+    that moves or goes back to waiting (one that stays where it is writes nothing)."""
+    queued, placed = decision.request.queued, decision.placement
+    if queued is None:
+        return placed is not None
+    return placed is None or (placed.node, sorted(placed.gpus)) != (
+        queued.node,
+        sorted(queued.gpus),
+    )
 
 
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -77,8 +99,9 @@ def _later(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 class _Planner:
-    def __init__(self, world: Snapshot, now: datetime) -> None:
+    def __init__(self, world: Snapshot, now: datetime, movable: Iterable[Allocation] = ()) -> None:
         self.now = now
+        self.movable = frozenset(movable)  # attempts bound ahead that this pass decides again
         self.pools = world.pools
         nodes = {n.name: n for n in world.nodes}
         self.nodes = sorted(nodes.values(), key=lambda n: n.name)
@@ -105,6 +128,11 @@ class _Planner:
     def _hold(self, allocations: Iterable[Allocation]) -> None:
         by_key = {snapshot.at(s): s for s in self.slots}
         for allocation in allocations:
+            if allocation.queued:  # the next job of its GPUs: it holds none of them yet
+                for index in allocation.gpus:
+                    if (slot := by_key.get((allocation.node, index))) is not None:
+                        slot.queued = allocation
+                continue
             for index in allocation.gpus:
                 slot = by_key.get((allocation.node, index))
                 if slot is not None:
@@ -138,24 +166,40 @@ class _Planner:
 
     def decide(self, request: Request) -> Decision:
         if request.problem is not None:
+            self._release(request)
             return Decision(request, reason=request.problem[0], message=request.problem[1])
         pool = self._pool(request)
         if isinstance(pool, Decision):
+            self._release(request)
             return pool
         if request.gpus == 0:
             return self._decide_cpu_only(request, pool)
         shape = self._shape(request, pool)
         static = self._static(request, pool)
+        if request.queued is not None:  # bound ahead: it starts now where its GPUs freed
+            starting = self._own_free(request, pool, static)
+            if starting is not None:
+                return self._place(request, starting)
         if shape not in self.no_fit:  # 2. fit
             found = self._fit(request, pool, static)
             if found is not None:
+                self._release(request)
                 return self._place(request, found)
             self.no_fit.add(shape)
-        self.positions[pool.name] += 1
-        position = self.positions[pool.name]
+        if request.queued is not None:  # ... or stays queued where it is, while it may
+            kept = self._ahead(request, pool, static, own_only=True)
+            if kept is not None:
+                return kept
         waiting = self._wait_for_stopping(request, pool, static, shape)  # 3. wait
         if waiting is None and pool.preemption:  # 4. preempt
             waiting = self._preempt(request, pool, static, shape)
+        if waiting is None:  # 5. bind ahead
+            ahead = self._ahead(request, pool, static, own_only=False)
+            if ahead is not None:
+                return ahead
+        self._release(request)
+        self.positions[pool.name] += 1
+        position = self.positions[pool.name]
         if waiting is not None:
             return Decision(
                 request,
@@ -165,7 +209,7 @@ class _Planner:
                 position=position,
                 held=waiting.held,
             )
-        message = self._why(request, pool, static, shape, position)  # 5. reserve
+        message = self._why(request, pool, static, shape, position)  # 6. reserve
         start, held = self._estimate(request, pool, static, shape)
         return Decision(
             request,
@@ -207,6 +251,9 @@ class _Planner:
         ends = None if request.runtime is None else self.now + request.runtime
         for slot in found.slots:
             self._occupy(slot, share, request.gpu_memory, ends)
+            slot.placed.append(request)
+            if slot.queued is not None and slot.queued == request.queued:
+                slot.queued = None  # it starts there now: the GPU's job, no longer its next
         indices = tuple(s.gpu.index for s in found.slots)
         return Decision(request, placement=Placement(request, found.node, indices, share))
 
@@ -257,6 +304,8 @@ class _Planner:
                 return "in use"
         elif share + request.gpus > 1 + EPSILON:
             return f"too full for {quantity.format_gpus(request.gpus)} GPU"
+        if _queued_for_another(slot, request):
+            return QUEUED
         cap = pool.max_jobs_per_gpu
         if cap is not None and jobs >= cap:
             return f"at maxJobsPerGPU={cap}"
@@ -339,6 +388,92 @@ class _Planner:
             return None
         best = min(usable, key=lambda s: (-s.share, self.free[s.gpu.node], snapshot.at(s)))
         return snapshot.Fit(best.gpu.node, (best,))
+
+    # -- a Job bound ahead -----------------------------------------------------------------
+
+    def _own_free(
+        self, request: Request, pool: Pool, static: snapshot.Static
+    ) -> snapshot.Fit | None:
+        """The GPUs a Job bound ahead waits for, if they have all freed (its agent is about to
+        start it) and still suit it."""
+        queued = request.queued
+        assert queued is not None
+        own = [s for s in self.slots if s.queued is not None and s.queued == queued]
+        if len(own) != len(queued.gpus):
+            return None
+        for slot in own:
+            if snapshot.at(slot) not in static.members:
+                return None
+            if self._blocker(slot, request, pool) is not None:
+                return None
+        return snapshot.Fit(queued.node, tuple(own))
+
+    def _release(self, request: Request) -> None:
+        """A Job bound ahead moves or goes back to waiting: its GPUs' next place is free."""
+        if request.queued is None:
+            return
+        for slot in self.slots:
+            if slot.queued is not None and slot.queued == request.queued:
+                slot.queued = None
+
+    def _queueable(self, slot: snapshot.Slot, request: Request, own_only: bool) -> bool:
+        """Whether the request may be bound ahead to this GPU: busy with one job that holds
+        all of it, nobody's next place yet (a place held by a Job later in the queue is taken
+        from it), and not reserved for another Job."""
+        if slot.next is not None or slot.jobs != 1 or slot.share < 1 - EPSILON:
+            return False
+        if slot.reserved is not None and slot.reserved.holder is not request:
+            return False
+        own = slot.queued is not None and slot.queued == request.queued
+        if own_only:
+            return own
+        return slot.queued is None or own or slot.queued in self.movable
+
+    def _ahead(
+        self, request: Request, pool: Pool, static: snapshot.Static, *, own_only: bool
+    ) -> Decision | None:
+        """5. Bind the request to the busy whole GPUs that free soonest, as their next job:
+        its own place first, then places nobody holds, then those of Jobs behind it."""
+        if not pool.bind_ahead or request.gpus < 1:
+            return None
+        wanted = int(request.gpus)
+        options = []
+        for name, takeable in static.takeable:
+            usable = [s for s in takeable if self._queueable(s, request, own_only)]
+            if len(usable) < wanted:
+                continue
+            chosen = sorted(usable, key=lambda s: self._ahead_key(s, request))[:wanted]
+            keys = [self._ahead_key(s, request) for s in chosen]
+            rank = (sum(k[0] for k in keys), sum(k[1] for k in keys), max(k[2] for k in keys))
+            options.append((rank, name, chosen))
+        if not options:
+            return None
+        _, name, chosen = min(options, key=lambda o: (o[0], o[1]))
+        return self._queue(request, name, chosen)
+
+    def _ahead_key(self, slot: snapshot.Slot, request: Request) -> tuple[int, int, datetime, int]:
+        own = slot.queued is not None and slot.queued == request.queued
+        taken = slot.queued is not None and not own
+        return (0 if own else 1, int(taken), slot.free_at or NEVER, slot.gpu.index)
+
+    def _queue(self, request: Request, node: str, chosen: list[snapshot.Slot]) -> Decision:
+        self._release(request)
+        after: list[Allocation | Request] = []
+        frees = [slot.free_at for slot in chosen]
+        start = None if None in frees else max(f for f in frees if f is not None)
+        ends = None if start is None or request.runtime is None else start + request.runtime
+        for slot in chosen:
+            after.extend(a for a in slot.allocations if a not in after)
+            after.extend(r for r in slot.placed if r not in after)
+            slot.queued = None  # a Job behind this one that was next here must move
+            slot.next = request
+            slot.free_at = ends
+        self.version += 1
+        indices = tuple(sorted(s.gpu.index for s in chosen))
+        return Decision(
+            request,
+            placement=Placement(request, node, indices, 1.0, after=tuple(after)),
+        )
 
     # -- 3. wait for attempts that are stopping ---------------------------------------------------
 
@@ -503,6 +638,15 @@ def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.S
                 if len(group) == wanted:
                     return group, True
     return list(usable[:wanted]), False
+
+
+def _queued_for_another(slot: snapshot.Slot, request: Request) -> bool:
+    """A GPU whose next job is another Job's: bound ahead in this pass, or in an earlier one
+    and free now, so that its agent is about to start it."""
+    if slot.next is not None:
+        return slot.next is not request
+    queued = slot.queued
+    return queued is not None and queued != request.queued and slot.jobs == 0
 
 
 def _could_take(slot: snapshot.Slot, request: Request) -> bool:

@@ -7,6 +7,7 @@ GPUProfiles, the active Bindings and their Jobs, and the run times of recent suc
 Request, its GPUProfile applied.
 """
 
+import dataclasses
 import json
 import statistics
 import time
@@ -108,6 +109,7 @@ def pool_of(p: pool.GPUPool) -> placement.Pool:
         max_utilization_percent=spec.max_utilization_percent,
         max_memory_used_percent=spec.max_memory_used_percent,
         enforce_gpu_memory=spec.enforce_gpu_memory,
+        bind_ahead=spec.bind_ahead,
     )
 
 
@@ -177,7 +179,9 @@ def allocation_of(
     (counted from the first bind) or, failing that, its command's usual run time."""
     spec = owner["spec"] if owner else {}
     status = owner["status"] if owner else {}
-    started = b.status.start_time or b.metadata.creation_timestamp
+    started = b.status.start_time
+    if started is None and not binding.queued(b.spec, b.status):
+        started = b.metadata.creation_timestamp
     ends = None
     first_bind = parse_time(status.get("startTime"))
     if spec.get("activeDeadlineSeconds") and first_bind is not None:
@@ -197,6 +201,8 @@ def allocation_of(
         started=started,
         ends=ends,
         stopping=b.spec.stop_reason,
+        uid=b.metadata.uid or "",
+        queued=binding.queued(b.spec, b.status),
     )
 
 
@@ -246,6 +252,21 @@ def request_of(w: Wire, world: World) -> placement.Request:
         runtime=timedelta(seconds=deadline) if deadline else runtime,
         problem=problem,
     )
+
+
+def queued_requests(world: World) -> list[tuple[placement.Request, Wire]]:
+    """The Jobs bound ahead whose agents have not taken them, as Requests the pass decides
+    again (with their Jobs as stored); not those being stopped, suspended or deleted: their
+    attempts end as they are."""
+    found = []
+    for allocation in world.snapshot.allocations:
+        if not allocation.queued or allocation.stopping:
+            continue
+        w = world.running.get((allocation.namespace, allocation.job))
+        if w is None or w["spec"].get("suspend") or w["metadata"].get("deletionTimestamp"):
+            continue
+        found.append((dataclasses.replace(request_of(w, world), queued=allocation), w))
+    return found
 
 
 def _pin_mismatch(

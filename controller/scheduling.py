@@ -33,6 +33,9 @@ SOURCE = "controller/scheduler"
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
 # clears them once they no longer hold, and leaves every other reason to the Job lifecycle.
 OWN_REASONS = frozenset({job.REASON_POOL_NOT_FOUND, job.REASON_PROFILE_NOT_FOUND})
+# A Job bound ahead went back to waiting: its place went to a Job ahead of it, or no longer
+# suits it.
+REASON_UNBOUND = "Unbound"
 
 Wire = reading.Wire
 Key = reading.Key
@@ -114,10 +117,13 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
         (held if reading.waiting(w, now, succeeded) else eligible).append(w)
     complete = True
     budget = _Budget.of(limits)
-    if eligible:
+    if eligible or writer.any_queued_bindings():
         world = reading.read_world(writer)
         by_key = {reading.key(w): w for w in eligible}
         requests = [reading.request_of(w, world) for w in eligible]
+        for request, w in reading.queued_requests(world):
+            by_key[reading.key(w)] = w
+            requests.append(request)
         result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
         budget = _Budget.of(limits)  # the time limit counts from the first write
         _apply(writer, result.decisions, by_key, world, now, budget=budget)
@@ -140,21 +146,85 @@ def _apply(
     *,
     budget: _Budget,
 ) -> None:
-    """Binds first, then preemptions, then what waiting Jobs are told, in queue order."""
+    """Jobs bound ahead that move or wait again give up their places first; then binds,
+    preemptions, and what waiting Jobs are told, in queue order."""
     pools = world.snapshot.pools
-    placed = [d for d in decisions if d.placement is not None]
+    changed = [d for d in decisions if placement.changes(d)]
+    for d in changed:
+        if d.request.queued is not None:
+            _give_up_place(writer, d, by_key, world, now)
+    created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
+    placed = [d for d in changed if d.placement is not None]
     for count, d in enumerate(placed):
-        if count and budget.late():
-            return  # the rest, and what waiting Jobs are told, next pass
+        # A Job that moves has given up its place already: it is bound whatever the time.
+        if count and d.request.queued is None and budget.late():
+            break  # the rest, and what waiting Jobs are told, next pass
         assert d.placement is not None
-        chosen = job.Job.model_validate(by_key[(d.request.namespace, d.request.name)])
-        _bind(writer, chosen, d.placement, pools.get(d.request.pool) or placement.Pool(), now)
-    for d in decisions:
-        if d.victims:
-            _preempt(writer, d, by_key, world)
-    for d in decisions:
-        if d.placement is None:
-            _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+        key = (d.request.namespace, d.request.name)
+        chosen = job.Job.model_validate(by_key[key])
+        rules = pools.get(d.request.pool) or placement.Pool()
+        created[key] = _bind(writer, chosen, d.placement, rules, now, after=_uids(d, created))
+    else:
+        for d in decisions:
+            if d.victims:
+                _preempt(writer, d, by_key, world)
+        for d in decisions:
+            if d.placement is None:
+                _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+
+
+def _uids(d: placement.Decision, created: dict[Key, str]) -> list[str]:
+    """The Binding uids of the attempts a Job bound ahead starts after."""
+    assert d.placement is not None
+    uids = []
+    for before in d.placement.after:
+        if isinstance(before, placement.Allocation):
+            uids.append(before.uid)
+        elif (uid := created.get((before.namespace, before.name))) is not None:
+            uids.append(uid)
+        elif before.queued is not None:  # bound ahead before, starting there now
+            uids.append(before.queued.uid)
+    return uids
+
+
+def _give_up_place(
+    writer: store.Store,
+    d: placement.Decision,
+    by_key: dict[Key, Wire],
+    world: reading.World,
+    now: datetime,
+) -> None:
+    """Remove the Binding of a Job bound ahead that moves or waits again, exactly as read:
+    if its agent took it meanwhile (Starting), the write conflicts and the pass runs again
+    from a fresh read. A Job that waits again goes back to Pending, the attempt unmade."""
+    queued = d.request.queued
+    assert queued is not None
+    writer.remove(world.bindings[(queued.namespace, queued.binding)])
+    if d.placement is not None:
+        return  # `_bind` rewrites the Job with the attempt's new place
+    j = job.Job.model_validate(by_key[(d.request.namespace, d.request.name)])
+    status = j.status
+    gpus = ",".join(str(g) for g in queued.gpus)
+    message = (
+        f"attempt {status.attempts}, bound ahead to {queued.node} GPUs [{gpus}], gave up its "
+        f"place: {d.message or d.reason}"
+    )
+    status.phase = "Pending"
+    status.attempts -= 1
+    status.node = None
+    status.gpus = None
+    meta.set_condition(
+        status.conditions,
+        job.CONDITION_SCHEDULED,
+        "False",
+        d.reason or job.REASON_UNSCHEDULABLE,
+        d.message,
+        generation=j.metadata.generation,
+        now=now,
+    )
+    j = writer.update_status(j)
+    by_key[(d.request.namespace, d.request.name)] = j.wire()  # told why it waits: done
+    writer.record_event(j, REASON_UNBOUND, message, source=SOURCE)
 
 
 def _bind(
@@ -163,9 +233,14 @@ def _bind(
     decision: placement.Placement,
     rules: placement.Pool,
     now: datetime,
-) -> None:
-    attempt = j.status.attempts + 1
-    writer.create(attempt_of(j, attempt, decision, rules))
+    *,
+    after: list[str],
+) -> str:
+    """Bind the Job's next attempt (or, for a Job bound ahead that moves, the same attempt
+    again) and move it to Scheduled; returns the new Binding's uid."""
+    moved = decision.request.queued
+    attempt = j.status.attempts if moved is not None else j.status.attempts + 1
+    created = writer.create(attempt_of(j, attempt, decision, rules, after))
     if job.FINALIZER not in j.metadata.finalizers:
         j.metadata.finalizers = [*j.metadata.finalizers, job.FINALIZER]
         j = writer.update(j)
@@ -175,14 +250,18 @@ def _bind(
     status.node = decision.node
     status.gpus = list(decision.gpus)
     status.retry_after = None
-    # activeDeadlineSeconds counts from the first bind (time in the queue does not count) and
-    # is never reset by a retry.
-    status.start_time = status.start_time or now
+    # activeDeadlineSeconds counts from the first start (time in the queue does not count) and
+    # is never reset by a retry; a Job bound ahead starts when its agent starts it.
+    if not after:
+        status.start_time = status.start_time or now
     status.reason = None
     status.message = None
     status.estimated_start_time = None
     gpus = ",".join(str(g) for g in decision.gpus) or "none"
     message = f"attempt {attempt} bound to {decision.node}, GPUs [{gpus}]"
+    if decision.after:
+        names = sorted({f"{b.namespace}/{_job_of(b)}" for b in decision.after})
+        message += f", to start when {', '.join(names)} end" + ("s" if len(names) == 1 else "")
     meta.set_condition(
         status.conditions,
         job.CONDITION_SCHEDULED,
@@ -193,11 +272,23 @@ def _bind(
         now=now,
     )
     j = writer.update_status(j)
+    if moved is not None:
+        was = ",".join(str(g) for g in moved.gpus)
+        message += f" (moved from {moved.node} GPUs [{was}], where it was bound ahead)"
     writer.record_event(j, "Scheduled", message, source=SOURCE)
+    return created.metadata.uid or ""
+
+
+def _job_of(before: "placement.Allocation | placement.Request") -> str:
+    return before.job if isinstance(before, placement.Allocation) else before.name
 
 
 def attempt_of(
-    j: job.Job, attempt: int, decision: placement.Placement, rules: placement.Pool
+    j: job.Job,
+    attempt: int,
+    decision: placement.Placement,
+    rules: placement.Pool,
+    after: list[str] | None = None,
 ) -> binding.Binding:
     """The Binding of one attempt: `<job>-<attempt>`, so two passes cannot both bind it."""
     return binding.Binding(
@@ -213,6 +304,7 @@ def attempt_of(
             gpu_share=decision.share,
             gpu_memory=decision.request.gpu_memory,  # as resolved, profile included
             enforce_gpu_memory=rules.enforce_gpu_memory,
+            after=after or [],
         ),
     )
 

@@ -55,6 +55,7 @@ class Pool:
     max_utilization_percent: int | None = None
     max_memory_used_percent: int | None = None
     enforce_gpu_memory: bool = False
+    bind_ahead: bool = True
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class Allocation:
     started: datetime | None = None
     ends: datetime | None = None  # by its deadline or its command's usual run time
     stopping: str | None = None  # the stop reason asked for; the attempt still holds its GPUs
+    uid: str = ""  # the Binding's
+    # Bound ahead and not yet taken by its agent: it holds no GPU yet, only its place as the
+    # next job on its GPUs, and a pass may move it (its Job is then one of the pass's Requests).
+    queued: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Request:
     deadline: int | None = None  # activeDeadlineSeconds
     runtime: timedelta | None = None  # expected: the deadline, or earlier runs' median
     problem: tuple[str, str] | None = None  # (reason, message): it cannot be queued at all
+    queued: Allocation | None = None  # its attempt bound ahead, which this pass may move
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ class Placement:
     node: str
     gpus: tuple[int, ...]
     share: float  # of each GPU in `gpus`
+    # Bound ahead: the attempts on these GPUs it starts after, as stored (Allocations) or
+    # placed earlier in this pass (their Requests). Empty: it starts now.
+    after: tuple["Allocation | Request", ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,11 @@ class Slot:
     allocations: list[Allocation] = field(default_factory=list)
     reserved: Reservation | None = None
     free_at: datetime | None = None  # on the simulated timeline; None: not known
+    placed: list[Request] = field(default_factory=list)  # the requests this pass put on it
+    # Its next job: the attempt bound ahead as stored, until this pass decides its Request...
+    queued: Allocation | None = None
+    # ... and the request this pass bound ahead to it (kept there, or newly).
+    next: Request | None = None
 
 
 @dataclass

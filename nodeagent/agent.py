@@ -26,7 +26,7 @@ from nodeagent import runtime, supervisor
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
 # Exited attempts need nothing more; Lost ones may still run here and must be stopped.
-_SYNCED_PHASES = frozenset({"Pending", "Running", "Lost"})
+_SYNCED_PHASES = frozenset({"Pending", "Starting", "Running", "Lost"})
 # Stops the user asked for explicitly: no stop warning, as for `kubectl delete --now`.
 _UNWARNED_STOPS = frozenset({binding.STOP_DELETED, binding.STOP_RERUN})
 
@@ -83,6 +83,7 @@ class Agent:
         self.clock = clock
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
+        self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
         self._written_lock = threading.Lock()
@@ -173,21 +174,58 @@ class Agent:
     # -- the attempts --------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """One level-based pass over this node's Bindings and the attempts on disk."""
+        """One level-based pass over this node's Bindings and the attempts on disk.
+
+        Attempts bound ahead come last: one whose predecessors have ended here is taken (its
+        phase Starting, written with the pass's reports, so a move by the scheduler and the
+        take cannot both succeed) and started as soon as that write commits."""
         with self.db.read() as session:
             bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
+        bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         self._reports = []
+        self._taking = []
         for bound in bindings:
             try:
-                self._sync_one(bound)
+                if binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason:
+                    self._take_if_free(bound, bindings)
+                else:
+                    self._sync_one(bound)
             except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
                 log.warning("%s: %s", bound.name, exc)
                 self.wake.set()
-        self._flush_reports()
+        taken = self._flush_reports()
+        for bound in taken:
+            try:
+                self._start(bound)
+            except errors.GctlError as exc:
+                log.warning("%s: %s", bound.name, exc)
+                self.wake.set()
+        if taken:
+            self._flush_reports()
         bound_uids = {b.metadata.uid for b in bindings}
         for uid in self.runtime.known():
             if uid not in bound_uids:
                 self._orphan(uid)
+
+    def _take_if_free(self, bound: binding.Binding, bindings: list[binding.Binding]) -> None:
+        """Take an attempt bound ahead once the attempts it waits for have ended here and no
+        other attempt holds its GPUs (nor one taken in this pass)."""
+        gpus = set(bound.spec.gpus)
+        if any(gpus & set(t.spec.gpus) for t in self._taking):
+            return
+        after = set(bound.spec.after)
+        for other in bindings:
+            uid = other.metadata.uid or ""
+            if other is bound or (uid not in after and not gpus & set(other.spec.gpus)):
+                continue
+            here = self.runtime.state(uid).phase
+            if here == "running":
+                return
+            if here == "absent" and uid in after and other.status.phase in ("Pending", "Starting"):
+                return  # bound before it, not started yet
+        status = bound.status.model_copy(update={"phase": "Starting"})
+        self._reports.append(bound.model_copy(update={"status": status}))
+        self._taking.append(bound)
 
     def _sync_one(self, bound: binding.Binding) -> None:
         uid = bound.metadata.uid or ""
@@ -323,25 +361,33 @@ class Agent:
         if status != bound.status:
             self._reports.append(bound.model_copy(update={"status": status}))
 
-    def _flush_reports(self) -> None:
+    def _flush_reports(self) -> list[binding.Binding]:
         """Write the pass's reports in one transaction: one commit, one wake-up of the
-        controller, however many attempts ended together."""
+        controller, however many attempts ended together. Returns the attempts this pass took,
+        as written, once the write committed (none if it failed)."""
         reports, self._reports = self._reports, []
+        taking, self._taking = {b.metadata.uid for b in self._taking}, []
         if not reports:
-            return
+            return []
+        taken = []
         try:
             with self.db.write() as session:
                 writer = store.Store(session)
                 for report in reports:
-                    writer.update_status(report)
+                    written = writer.update_status(report)
+                    if written.metadata.uid in taking:
+                        taken.append(written)
             if writer.written_revision is not None:
                 with self._written_lock:
                     self._written.add(writer.written_revision)
-        except errors.Conflict:
-            self.wake.set()  # someone wrote one meanwhile: look again
+        except (errors.Conflict, errors.NotFound):
+            self.wake.set()  # someone wrote one meanwhile (the scheduler moved it): look again
+            return []
         except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
             log.warning("reporting %d attempt(s): %s", len(reports), exc)
             self.wake.set()
+            return []
+        return taken
 
     def _orphan(self, uid: str) -> None:
         """An attempt on disk whose Binding is gone: stop it, and forget it once it ended."""
@@ -460,6 +506,10 @@ def _success_file(value: str | None) -> binding.SuccessFile | None:
     if value == binding.SUCCESS_FILE_MISSING:
         return binding.SUCCESS_FILE_MISSING
     return None
+
+
+def _created(b: binding.Binding) -> datetime:
+    return b.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)
 
 
 def _session_of(pid: int) -> int | None:

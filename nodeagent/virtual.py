@@ -41,7 +41,7 @@ FAKE_LABEL = "gctl/fake-gpus"  # the same label a real agent on fake GPUs carrie
 VIRTUAL_LABEL = "gctl/virtual-node"
 SIGTERM_EXIT = 143  # 128 + 15, as supervisor.exit_code_of reports a death by SIGTERM
 # Exited attempts need nothing more; Lost ones may still "run" here and must be stopped.
-_SYNCED_PHASES = frozenset({"Pending", "Running", "Lost"})
+_SYNCED_PHASES = frozenset({"Pending", "Starting", "Running", "Lost"})
 
 CHUNK = 500  # names in one IN list: far below SQLite's limit on a statement's parameters
 Key = tuple[str, str]  # a Binding's (namespace, name)
@@ -134,6 +134,8 @@ class VirtualAgent:
         self._dirty: set[Key] = set()
         self._resync = True  # read every Binding of these nodes on the next wake
         self._written: set[int] = set()  # revisions of our own reports: no wake-up for them
+        # uid of an attempt "running" here -> the attempts bound ahead that wait for it
+        self._waiting: dict[str, set[Key]] = {}
 
     # -- the Nodes -----------------------------------------------------------------------------
 
@@ -215,16 +217,18 @@ class VirtualAgent:
             _, uid = heapq.heappop(self._timers)
             if uid in self.sims:
                 keys.add(self.sims[uid].key)
+                keys |= self._waiting.get(uid, set())  # read with it: they may start now
         if not keys and not full:
             return
         work = self._read(None if full else keys)
+        work.bindings.sort(key=lambda b: binding.queued(b.spec, b.status))  # those bound ahead last
         seen = set()
         for bound in work.bindings:
             seen.add(bound.metadata.uid or "")
             self._sync_one(bound, work)
         for uid, sim in list(self.sims.items()):
             if uid not in seen and (full or sim.key in keys):
-                del self.sims[uid]  # its Binding is gone: the "process" ends with it
+                self._end(uid)  # its Binding is gone: the "process" ends with it
         self._flush(work)
 
     def _read(self, keys: set[Key] | None) -> _Pass:
@@ -258,9 +262,14 @@ class VirtualAgent:
         sim = self.sims.get(uid)
         if phase in ("Exited", "Lost"):
             # Lost: the controller retried the Job elsewhere; it must not "run" twice.
-            self.sims.pop(uid, None)
+            self._end(uid)
             return
         if sim is None:
+            queued = binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason
+            if queued and self._waits(bound, work):
+                return
+            for uid_before in bound.spec.after if queued else ():
+                self._waiting.get(uid_before, set()).discard((bound.namespace, bound.name))
             sim = self._adopt_or_start(bound, work)
             if sim is None:
                 return
@@ -309,6 +318,28 @@ class VirtualAgent:
             return None
         started = bound.status.start_time or self.clock()
         return self._schedule(bound, started, seconds, code)
+
+    def _waits(self, bound: binding.Binding, work: _Pass) -> bool:
+        """Whether an attempt bound ahead must wait: one it starts after still "runs" here (it
+        is then read again when that one ends), or is bound and not started yet. Otherwise its
+        Running report, written with a compare-and-set, is how this agent takes it."""
+        unstarted = {
+            b.metadata.uid for b in work.bindings if b.status.phase in ("Pending", "Starting")
+        }
+        for uid in bound.spec.after:
+            if uid in self.sims and uid not in work.ended:
+                self._waiting.setdefault(uid, set()).add((bound.namespace, bound.name))
+                return True
+            if uid in unstarted and uid not in self.sims:
+                return True
+        return False
+
+    def _end(self, uid: str) -> None:
+        """Forget an attempt that ended here, and read the attempts waiting for it again."""
+        self.sims.pop(uid, None)
+        waiting = self._waiting.pop(uid, None)
+        if waiting:
+            self._mark_dirty(waiting)
 
     def _schedule(
         self, bound: binding.Binding, started: datetime, seconds: float, code: int
@@ -364,7 +395,7 @@ class VirtualAgent:
             self._mark_dirty((r.namespace, r.name) for r in work.reports)
             return
         for uid in work.ended:
-            self.sims.pop(uid, None)
+            self._end(uid)
 
     # -- the loop ------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from gctl.api import binding, job, meta, node
-from gctl.store import store
+from gctl.store import db, store
 
 
 @dataclass
@@ -114,3 +114,20 @@ def put_ready_node(
     created.status.heartbeat_time = heartbeat
     meta.set_condition(created.status.conditions, "Ready", "True", "AgentReady", now=heartbeat)
     writer.update_status(created)
+
+
+def report_attempt(
+    database: db.Database, name: str, phase: str, at: datetime, exit_code: int | None = None
+) -> None:
+    """What a node agent writes of the attempt (Binding) `name` in namespace default: its
+    phase, its start time `at` if it had none, and when it exited, its code and reason."""
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, name, "default")
+        attempt.status.phase = phase  # type: ignore[assignment]
+        attempt.status.start_time = attempt.status.start_time or at
+        if phase == "Exited":
+            attempt.status.exit_code = exit_code
+            ok = "Completed" if exit_code == 0 else "Error"
+            attempt.status.reason = attempt.spec.stop_reason or ok
+        writer.update_status(attempt)

@@ -7,8 +7,10 @@ from pydantic import Field
 
 from gctl.api import kinds, meta
 
-BindingPhase = Literal["Pending", "Running", "Exited", "Lost"]
-ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Running"})
+# Pending: bound, not started; Starting: a queued attempt its agent has taken and is starting
+# (the controller may no longer move it); Running: the process runs; Exited; Lost.
+BindingPhase = Literal["Pending", "Starting", "Running", "Exited", "Lost"]
+ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Starting", "Running"})
 
 # Why the controller asks the agent to stop an attempt (spec.stopReason).
 STOP_DELETED = "Deleted"
@@ -38,6 +40,10 @@ class BindingSpec(meta.Model):
     # Stop the job when its processes use more GPU memory than gpu_memory (the pool says so).
     enforce_gpu_memory: bool = Field(default=False, alias="enforceGPUMemory")
     stop_reason: str | None = None  # set by the controller or `gctl drain`: stop this attempt
+    # Bound ahead (a queued attempt): the uids of the attempts on its GPUs that must end before
+    # it starts. Its agent starts it the moment they have, without a round trip through the
+    # controller; until its agent takes it (phase Starting) the scheduler may move it.
+    after: list[str] = Field(default_factory=list)
 
 
 class BindingStatus(meta.Model):
@@ -55,6 +61,12 @@ class BindingStatus(meta.Model):
     log_path: str | None = None
     signal: str | None = None
     success_file: SuccessFile | None = None  # set only when the Job names a successFile
+
+
+def queued(spec: BindingSpec, status: BindingStatus) -> bool:
+    """Bound ahead and not yet taken by its agent: it waits for the attempts in `after`, holds
+    no GPU yet, and the scheduler may still move it."""
+    return bool(spec.after) and status.phase == "Pending"
 
 
 def succeeded(status: BindingStatus) -> bool:

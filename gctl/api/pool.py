@@ -51,6 +51,9 @@ class GPUPoolSpec(meta.Model):
     max_memory_used_percent: int | None = Field(default=None, ge=0, le=100)
     # Stop a job whose processes use more GPU memory than its gpuMemory (GPUMemoryExceeded).
     enforce_gpu_memory: bool = Field(default=False, alias="enforceGPUMemory")
+    # When every GPU a waiting Job could use is busy, bind it to the busy whole GPUs that free
+    # soonest, queued behind their jobs: their agent starts it the moment they end.
+    bind_ahead: bool = True
 
 
 class GPUPoolStatus(meta.Model):

@@ -13,12 +13,14 @@ from gctl.api import kinds, selection
 
 Wire = dict[str, Any]
 VIEW = "_view"  # the key, in a listed object's copy, of what its table columns show beyond it
-HOLDING = frozenset({"Pending", "Running"})  # Binding phases that hold GPUs (ACTIVE_PHASES)
+HOLDING = frozenset({"Pending", "Starting", "Running"})  # phases that hold GPUs (ACTIVE_PHASES)
 DEFAULT_POOL = "default"
 
 
 def holding(bound: Wire) -> bool:
-    return bound["status"].get("phase", "Pending") in HOLDING
+    """Whether an attempt holds its GPUs: not one bound ahead that waits for them."""
+    phase = bound["status"].get("phase", "Pending")
+    return phase in HOLDING and not (phase == "Pending" and bound["spec"].get("after"))
 
 
 def holders(bindings: Iterable[Wire]) -> dict[tuple[str, int], list[Wire]]:

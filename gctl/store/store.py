@@ -5,6 +5,7 @@ given (zero rows matched means Conflict), and appends the written object to the 
 Store methods take the session they are given and never commit: the caller owns the transaction.
 """
 
+import json
 import random
 import time
 import uuid
@@ -250,6 +251,15 @@ class Store:
         rows = self.session.execute(query).all()
         return [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
 
+    def any_queued_bindings(self) -> bool:
+        """Whether some attempt is bound ahead and not yet taken by its agent."""
+        table = _table(binding.Binding.KIND)
+        rows = self.session.execute(select(table.c.spec).where(table.c.phase == "Pending"))
+        return any(
+            (json.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
+            for (spec,) in rows
+        )
+
     def changes_since(
         self,
         revision: int,
@@ -361,6 +371,12 @@ class Store:
             marked = self._guarded_update(obj, current, {"deleted_at": self.clock()})
             return marked, False
         return self._remove(cls, obj), True
+
+    def remove(self, obj: T) -> T:
+        """Delete exactly the version of an object that was read (finalizers are not looked
+        at): Conflict if anyone wrote it since. For a decision that holds only while the object
+        is as read: an attempt bound ahead is moved only while its agent has not taken it."""
+        return self._remove(type(obj), obj)
 
     def _remove(self, cls: type[T], obj: T) -> T:
         table = _table(cls.KIND)

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +89,6 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()}" for p in self.tmp.glob("*.log"))
-
-
-@pytest.fixture
-def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(gctl, tmp_path)
-    yield running
-    running.stop()
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:

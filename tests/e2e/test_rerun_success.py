@@ -6,24 +6,13 @@ Waits poll `gctl get` up to a deadline; nothing asserts on speed.
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.conftest import Gctl
 from tests.e2e.test_jobs import Cluster, alive, apply_job, job, phase_is, wait_for
 
 DEADLINE = 30.0
-
-
-@pytest.fixture
-def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(gctl, tmp_path)
-    yield running
-    running.stop()
-    print(running.logs())  # shown with a failure's report only: what the daemons said
 
 
 def wait_phase(gctl: Gctl, name: str, *phases: str, attempt: int = 1) -> dict[str, Any]:

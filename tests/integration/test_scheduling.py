@@ -8,7 +8,7 @@ from typing import Any
 from controller import jobs, scheduling
 from gctl.api import binding, job, meta, node, pool, profile, queue
 from gctl.store import db, store
-from tests.builders import make_job, put_ready_node
+from tests.builders import make_job, put_ready_node, report_attempt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GI = 2**30
@@ -17,6 +17,15 @@ UNLIMITED = scheduling.Limits(seconds=None)
 
 def _node(writer: store.Store, name: str, gpus: int, **fields: Any) -> None:
     put_ready_node(writer, name, gpus, T0, **fields)
+
+
+def _without_binding_ahead(writer: store.Store) -> None:
+    """The default pool, with Jobs that cannot start waiting in the queue (none bound ahead)."""
+    writer.create(
+        pool.GPUPool(
+            metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
+        )
+    )
 
 
 def _schedule(
@@ -57,20 +66,6 @@ def _places(database: db.Database) -> dict[tuple[str, str], int]:
 def _revision(database: db.Database) -> int:
     with database.read() as session:
         return store.Store(session).current_revision()
-
-
-def _agent_reports(
-    database: db.Database, name: str, phase: str, exit_code: int | None = None
-) -> None:
-    with database.write() as session:
-        writer = store.Store(session)
-        attempt = writer.get(binding.Binding, name, "default")
-        attempt.status.phase = phase  # type: ignore[assignment]
-        attempt.status.start_time = attempt.status.start_time or T0
-        if phase == "Exited":
-            attempt.status.exit_code = exit_code
-            attempt.status.reason = attempt.spec.stop_reason or "Completed"
-        writer.update_status(attempt)
 
 
 def test_a_job_naming_a_missing_pool_waits_until_the_pool_exists(database: db.Database) -> None:
@@ -124,7 +119,7 @@ def test_preemption_stops_the_lower_job_then_binds_the_higher_one(database: db.D
         _node(writer, "n1", 1)
         writer.create(make_job("low").build())
     _schedule(database)
-    _agent_reports(database, "low-1", "Running")
+    report_attempt(database, "low-1", "Running", T0)
     with database.write() as session:
         store.Store(session).create(make_job("high").priority(10).build())
     _schedule(database)
@@ -144,13 +139,15 @@ def test_preemption_stops_the_lower_job_then_binds_the_higher_one(database: db.D
     _schedule(database)
     assert _revision(database) == before + 1  # one write: what high is told
 
-    _agent_reports(database, "low-1", "Exited", exit_code=143)
+    report_attempt(database, "low-1", "Exited", T0, exit_code=143)
     store.transact(database, lambda w: jobs.reconcile(w, "default", "low", T0))
     low = _job(database, "low")
     assert (low.status.phase, low.status.preemptions, low.status.failed) == ("Pending", 1, 0)
     _schedule(database)
     assert _job(database, "high").status.phase == "Scheduled"
-    assert _waiting(_job(database, "low"))[0] == "Unschedulable"
+    low = _job(database, "low")  # requeued, and bound ahead: it runs next, after high
+    assert (low.status.phase, low.status.attempts) == ("Scheduled", 2)
+    assert _binding(database, "low-2").spec.after == [_binding(database, "high-1").metadata.uid]
 
 
 def test_a_pass_with_nothing_changed_writes_nothing(database: db.Database) -> None:
@@ -161,10 +158,14 @@ def test_a_pass_with_nothing_changed_writes_nothing(database: db.Database) -> No
             writer.create(make_job(f"j{i}").build())
     _schedule(database)
     settled = _revision(database)
-    assert _schedule(database, T0 + timedelta(minutes=1)) is None
+    assert _schedule(database, T0 + timedelta(minutes=1)) is None  # j2, j3 stay bound ahead
     assert _revision(database) == settled
+    for name, first in (("j2", "j0"), ("j3", "j1")):
+        ahead = _binding(database, f"{name}-1")
+        assert ahead.spec.after == [_binding(database, f"{first}-1").metadata.uid]
+        assert ahead.spec.gpus == _binding(database, f"{first}-1").spec.gpus
     waiting = _job(database, "j4")
-    assert _places(database)[("default", "j4")] == 3
+    assert _places(database)[("default", "j4")] == 1
     assert _waiting(waiting) == ("Unschedulable", "0/2 GPUs fit: 2 in use")
 
 
@@ -172,6 +173,7 @@ def test_waiting_jobs_learn_their_place_and_when_they_should_start(database: db.
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", 1)
+        _without_binding_ahead(writer)
         running = make_job("running").priority(5).build()
         running.spec.active_deadline_seconds = 3600
         writer.create(running)
@@ -204,6 +206,7 @@ def test_limits_leave_the_rest_to_the_next_pass(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", 2)
+        _without_binding_ahead(writer)
         for i in range(4):
             writer.create(make_job(f"j{i}").build())
     tight = scheduling.Limits(binds=1, writes=1, seconds=None)
@@ -222,6 +225,7 @@ def test_a_suspended_job_leaves_the_queue(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", 1)
+        _without_binding_ahead(writer)
         writer.create(make_job("first").build())
         writer.create(make_job("second").build())
     _schedule(database)

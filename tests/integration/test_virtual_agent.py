@@ -37,8 +37,11 @@ def make_agent(database: db.Database, clock: FakeTime) -> virtual.VirtualAgent:
     )
 
 
-def bind(database: db.Database, name: str, annotations: dict[str, str]) -> None:
-    """A Job and its first attempt on vnode-0002, as the scheduler writes them."""
+def bind(
+    database: db.Database, name: str, annotations: dict[str, str], after: list[str] | None = None
+) -> str:
+    """A Job and its first attempt on vnode-0002 GPU 0, as the scheduler writes them (bound
+    ahead when `after` names attempts); returns the attempt's uid."""
     with database.write() as session:
         writer = store.Store(session)
         owner = writer.create(
@@ -47,7 +50,7 @@ def bind(database: db.Database, name: str, annotations: dict[str, str]) -> None:
                 spec=job.JobSpec(command="true"),
             )
         )
-        writer.create(
+        bound = writer.create(
             binding.Binding(
                 metadata=meta.ObjectMeta(name=f"{name}-1", namespace="default"),
                 spec=binding.BindingSpec(
@@ -56,9 +59,11 @@ def bind(database: db.Database, name: str, annotations: dict[str, str]) -> None:
                     attempt=1,
                     node="vnode-0002",
                     gpus=[0],
+                    after=after or [],
                 ),
             )
         )
+        return bound.metadata.uid or ""
 
 
 def attempt(database: db.Database, name: str) -> binding.BindingStatus:
@@ -135,6 +140,24 @@ def test_a_restarted_agent_adopts_running_attempts(database: db.Database) -> Non
     clock.seconds = 5
     again.sync()
     assert attempt(database, "train").finish_time == START + timedelta(seconds=5)
+
+
+def test_an_attempt_bound_ahead_starts_when_the_one_before_ends(database: db.Database) -> None:
+    clock = FakeTime()
+    agent = make_agent(database, clock)
+    first = bind(database, "first", {virtual.DURATION_ANNOTATION: "20"})
+    bind(database, "second", {virtual.DURATION_ANNOTATION: "10"}, after=[first])
+    step(agent)
+    assert (attempt(database, "first").phase, attempt(database, "second").phase) == (
+        "Running",
+        "Pending",
+    )
+    assert agent.next_wake(next_beat=100) == pytest.approx(2.0)
+    clock.seconds = 2.5  # woken late: the first ended at its simulated time, the second starts now
+    agent.sync()  # the first's timer alone: the attempt waiting for it is read with it
+    ended, started = attempt(database, "first"), attempt(database, "second")
+    assert (ended.phase, ended.finish_time) == ("Exited", START + timedelta(seconds=2))
+    assert (started.phase, started.start_time) == ("Running", START + timedelta(seconds=2.5))
 
 
 @pytest.mark.parametrize(

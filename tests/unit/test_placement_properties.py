@@ -1,7 +1,9 @@
 """Properties of the planner over random clusters and queues (hypothesis): no GPU is ever
 over-committed, closed GPUs take nothing, and a Job is never passed over by a later one of its
-pool that needs as much or more."""
+pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
+none is started on a GPU whose job bound ahead is about to start."""
 
+import dataclasses
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
@@ -101,12 +103,25 @@ def test_no_gpu_is_over_committed_and_closed_gpus_take_nothing(
             share[(a.node, index)] += a.share
             jobs[(a.node, index)] += 1
             memory[(a.node, index)] += a.memory or 0
+    queued_on: set[tuple[str, int]] = set()
     for d in result.decisions:
         if d.placement is None:
             assert d.reason
             assert d.message
             continue
         assert d.placement.node in ready
+        if d.placement.after:  # bound ahead: the next job of busy whole GPUs, one each
+            assert d.request.gpus >= 1
+            for index in d.placement.gpus:
+                key = (d.placement.node, index)
+                assert gpus[key].state is None, "a cordoned or draining GPU received work"
+                assert key not in queued_on, "two jobs bound ahead to one GPU"
+                queued_on.add(key)
+                assert jobs[key] == 1
+                assert share[key] >= 1 - 1e-9
+                need = d.request.gpu_memory or 0
+                assert need + gpus[key].foreign_memory <= (gpus[key].memory_total or 0)
+            continue
         assert len(d.placement.gpus) == (
             int(d.request.gpus) if d.request.gpus >= 1 else int(d.request.gpus > 0)
         )
@@ -139,6 +154,10 @@ def test_a_job_is_never_passed_over_by_a_later_one_that_needs_as_much(
             continue
         for later in decisions[i + 1 :]:
             if later.placement is None or later.request.pool != earlier.request.pool:
+                continue
+            if later.placement.after and (earlier.request.gpus < 1 or earlier.held):
+                # Bound ahead, not started, behind one that a fraction could never take, or
+                # while the earlier one holds GPUs that free for it sooner (it preempts).
                 continue
             assert not _needs_as_much(later.request, earlier.request), (
                 f"{later.request.name} started ahead of {earlier.request.name}"
@@ -182,3 +201,79 @@ def test_planning_is_deterministic(shot: Snapshot, requests: list[Request]) -> N
     first = placement.plan(shot, requests, T0)
     again = placement.plan(shot, list(reversed(requests)), T0)
     assert first == again
+
+
+def _after_pass(
+    shot: Snapshot, decisions: list[placement.Decision], ended: set[str]
+) -> tuple[Snapshot, list[Request]]:
+    """The store after a pass was applied and the attempts named in `ended` exited: placed
+    Jobs run, Jobs bound ahead are queued attempts, the waiting ones are the next queue."""
+    allocations = [a for a in shot.allocations if a.binding not in ended]
+    requests = []
+    for d in decisions:
+        r = dataclasses.replace(d.request, queued=None)
+        if d.placement is None:
+            requests.append(r)
+            continue
+        bound = Allocation(
+            r.namespace,
+            r.name,
+            f"{r.name}-1",
+            d.placement.node,
+            d.placement.gpus,
+            share=d.placement.share,
+            memory=r.gpu_memory,
+            priority=r.priority,
+            uid=f"uid-{r.name}",
+            queued=bool(d.placement.after),
+        )
+        allocations.append(bound)
+        if bound.queued:
+            requests.append(dataclasses.replace(r, queued=bound))
+    return dataclasses.replace(shot, allocations=allocations), requests
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), queues(), st.data())
+def test_jobs_bound_ahead_never_share_a_place_or_lose_it_to_a_start(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    first = placement.plan(shot, requests, T0)
+    running = sorted(a.binding for a in shot.allocations)
+    ended = set(data.draw(st.lists(st.sampled_from(running), unique=True))) if running else set()
+    shot, requests = _after_pass(shot, first.decisions, ended)
+    second = placement.plan(shot, requests, T0 + timedelta(minutes=1))
+    decided = {(d.request.namespace, d.request.name) for d in second.decisions}
+    queued_on: dict[tuple[str, int], str] = {}
+    for a in shot.allocations:  # attempts bound ahead that this pass leaves alone
+        if a.queued and (a.namespace, a.job) not in decided:
+            for index in a.gpus:
+                queued_on[(a.node, index)] = a.job
+    busy = {(a.node, i) for a in shot.allocations if not a.queued for i in a.gpus}
+    waiting_there = {  # GPUs free now whose job bound ahead is about to start
+        key
+        for a in shot.allocations
+        if a.queued
+        for key in ((a.node, i) for i in a.gpus)
+        if key not in busy
+    }
+    for d in second.decisions:  # a job bound ahead that moves or waits again frees its place
+        if d.request.queued is not None and placement.changes(d):
+            waiting_there -= _gpus_of(d.request.queued)
+    for d in second.decisions:
+        if d.placement is None:
+            continue
+        keys = [(d.placement.node, i) for i in d.placement.gpus]
+        if d.placement.after:
+            for key in keys:
+                assert key not in queued_on, f"{d.request.name} and {queued_on[key]} both next"
+                queued_on[key] = d.request.name
+        else:  # starts now
+            mine = d.request.queued
+            for key in keys:
+                if key in waiting_there and (mine is None or key not in _gpus_of(mine)):
+                    raise AssertionError(f"{d.request.name} started on {key}, taken already")
+
+
+def _gpus_of(a: Allocation) -> set[tuple[str, int]]:
+    return {(a.node, i) for i in a.gpus}

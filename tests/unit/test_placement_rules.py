@@ -65,6 +65,7 @@ def test_a_pool_selects_gpus_by_node_label_model_and_index_range() -> None:
                 node_labels=(("gpu", "a100"),),
                 gpu_model="*a100*",
                 gpus=frozenset({0, 1, 2, 3}),
+                bind_ahead=False,  # so that the fifth waits and says why
             )
         ],
     )
@@ -132,7 +133,14 @@ def test_busy_gpus_take_no_new_jobs_in_a_pool_with_thresholds() -> None:
         gpus("a", 1, utilization=95),
         gpus("b", 1, memory_used=78 * GI),
         gpus("c", 1, utilization=10, memory_used=1 * GI),
-        pools=[Pool("default", max_utilization_percent=90, max_memory_used_percent=90)],
+        pools=[
+            Pool(
+                "default",
+                max_utilization_percent=90,
+                max_memory_used_percent=90,
+                bind_ahead=False,  # else "two" waits as the next job of c's GPU
+            )
+        ],
     )
     result = decide(shot, req("one"), req("two"))
     assert at(result["one"]) == ("c", (0,))
@@ -325,7 +333,10 @@ def test_positions_count_per_pool_and_estimates_follow_known_end_times() -> None
     shot = snapshot(
         gpus("a", 1),
         gpus("b", 1),
-        pools=[Pool("x", nodes=frozenset({"a"})), Pool("y", nodes=frozenset({"b"}))],
+        pools=[  # without binding ahead: they wait in their queues
+            Pool("x", nodes=frozenset({"a"}), bind_ahead=False),
+            Pool("y", nodes=frozenset({"b"}), bind_ahead=False),
+        ],
         allocations=[
             running("ra", "a", 0, ends=ends, priority=9),
             running("rb", "b", 0, priority=9),

@@ -1,0 +1,90 @@
+"""Jobs bound ahead, run for real: the agent starts the next job on a GPU as soon as the one
+before it exits, without waiting for the controller, and a restarted agent does it too.
+
+The controller and agent are real `gctl` processes (test_jobs.py's Cluster), on one fake GPU;
+the jobs are shell commands that write the time they start and end."""
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Gctl
+from tests.e2e.test_jobs import Cluster, apply_job, phase_is, wait_for
+
+DEADLINE = 20.0
+
+
+def _attempt(gctl: Gctl, name: str) -> dict[str, Any] | None:
+    found = gctl("get", "binding", name, "-o", "json")
+    if found.code != 0:
+        return None
+    document: dict[str, Any] = json.loads(found.out)
+    return document
+
+
+def _stamped(path: Path) -> float | None:
+    return float(path.read_text()) if path.exists() and path.read_text().strip() else None
+
+
+def _assert_second_started_after_first_ended(tmp: Path) -> None:
+    start, end = _stamped(tmp / "start"), _stamped(tmp / "end")
+    assert start is not None
+    assert end is not None
+    assert start > end
+
+
+def _first_then_second(gctl: Gctl, cluster: Cluster, tmp: Path) -> dict[str, Any]:
+    """`first` runs on the only GPU until `tmp/release` exists; `second`, applied after it,
+    is bound ahead of it. Returns second's attempt."""
+    cluster.controller()
+    cluster.agent("n1", gpus=1)
+    release = tmp / "release"
+    apply_job(
+        gctl,
+        "first",
+        ["bash", "-c", f"while [ ! -e {release} ]; do sleep 0.05; done; date +%s.%N > {tmp}/end"],
+    )
+    wait_for(phase_is(gctl, "first", "Running"), "first to run", DEADLINE)
+    apply_job(gctl, "second", ["bash", "-c", f"date +%s.%N > {tmp}/start"])
+    ahead: dict[str, Any] = wait_for(
+        lambda: _attempt(gctl, "second-1"), "second to be bound ahead", DEADLINE
+    )
+    return ahead
+
+
+def test_the_agent_starts_a_job_bound_ahead_when_the_one_before_exits(
+    gctl: Gctl, cluster: Cluster, tmp_path: Path
+) -> None:
+    ahead = _first_then_second(gctl, cluster, tmp_path)
+    first = _attempt(gctl, "first-1")
+    assert first is not None
+    assert ahead["spec"]["after"] == [first["metadata"]["uid"]]
+    assert ahead["status"].get("phase", "Pending") == "Pending"
+    cluster.kill("controller")  # what follows is the agent's alone
+    (tmp_path / "release").touch()
+    done = wait_for(
+        lambda: (b := _attempt(gctl, "second-1")) and b["status"].get("phase") == "Exited" and b,
+        "second to run and exit",
+        DEADLINE,
+    )
+    assert done["status"]["exitCode"] == 0
+    _assert_second_started_after_first_ended(tmp_path)
+    cluster.controller()  # the Jobs catch up with what their attempts did
+    wait_for(phase_is(gctl, "second", "Succeeded"), "second to succeed", DEADLINE)
+    wait_for(phase_is(gctl, "first", "Succeeded"), "first to succeed", DEADLINE)
+
+
+def test_a_restarted_agent_starts_what_waited_for_a_job_that_ended_meanwhile(
+    gctl: Gctl, cluster: Cluster, tmp_path: Path
+) -> None:
+    _first_then_second(gctl, cluster, tmp_path)
+    cluster.kill("n1", signal.SIGKILL)  # the job runs on without its agent
+    (tmp_path / "release").touch()
+    wait_for(lambda: _stamped(tmp_path / "end"), "first to end", DEADLINE)
+    assert not (tmp_path / "start").exists()
+    cluster.agent("n1", gpus=1)
+    wait_for(phase_is(gctl, "second", "Succeeded"), "second to succeed", DEADLINE)
+    first = wait_for(phase_is(gctl, "first", "Succeeded"), "first to succeed", DEADLINE)
+    assert first["status"]["exitCode"] == 0
+    _assert_second_started_after_first_ended(tmp_path)

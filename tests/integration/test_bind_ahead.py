@@ -1,0 +1,155 @@
+"""Jobs bound ahead, against a real database (SQLite and PostgreSQL): a pass re-decides an
+attempt that waits for busy GPUs until its agent takes it, and a user's delete or suspend takes
+it back, without ever losing the attempt or running it twice."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from controller import jobs, scheduling
+from gctl.api import binding, errors, job
+from gctl.store import db, store
+from tests.builders import make_job, put_ready_node, report_attempt
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+UNLIMITED = scheduling.Limits(seconds=None)
+
+
+def _schedule(database: db.Database, now: datetime = T0) -> None:
+    store.transact(database, lambda w: scheduling.schedule(w, now, UNLIMITED))
+
+
+def _reconcile(database: db.Database, name: str, now: datetime = T0) -> None:
+    store.transact(database, lambda w: jobs.reconcile(w, "default", name, now))
+
+
+def _get_job(database: db.Database, name: str) -> job.Job:
+    with database.read() as session:
+        return store.Store(session).get(job.Job, name, "default")
+
+
+def _attempts(database: db.Database, name: str) -> list[binding.Binding]:
+    with database.read() as session:
+        reader = store.Store(session)
+        return reader.bindings_of(reader.get(job.Job, name, "default").metadata.uid or "")
+
+
+def _reasons(database: db.Database, name: str) -> list[str]:
+    with database.read() as session:
+        reader = store.Store(session)
+        return [e.spec.reason for e in reader.events_for(reader.get(job.Job, name, "default"))]
+
+
+def _two_busy_gpus(database: db.Database) -> None:
+    """n1's two GPUs run `short` (GPU 0, ends in a minute) and `long` (GPU 1, in a day); `next`
+    is bound ahead to GPU 0."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 2, T0)
+        for name, seconds in (("short", 60), ("long", 86_400)):
+            j = make_job(name).build()
+            j.spec.active_deadline_seconds = seconds
+            writer.create(j)
+    _schedule(database)
+    report_attempt(database, "short-1", "Running", T0)
+    report_attempt(database, "long-1", "Running", T0)
+    with database.write() as session:
+        store.Store(session).create(make_job("next").build())
+    _schedule(database)
+
+
+def test_a_job_is_bound_ahead_to_the_gpu_that_frees_soonest_and_waits_for_it(
+    database: db.Database,
+) -> None:
+    _two_busy_gpus(database)
+    (ahead,) = _attempts(database, "next")
+    short = _attempts(database, "short")[0]
+    assert (ahead.spec.gpus, ahead.spec.after) == ([0], [short.metadata.uid])
+    assert binding.queued(ahead.spec, ahead.status)
+    waiting = _get_job(database, "next")
+    assert (waiting.status.phase, waiting.status.attempts) == ("Scheduled", 1)
+    assert waiting.status.start_time is None  # it has not started: no deadline counts yet
+    said = next(c for c in waiting.status.conditions if c.type == job.CONDITION_SCHEDULED)
+    assert said.message == "attempt 1 bound to n1, GPUs [0], to start when default/short ends"
+
+
+def test_it_moves_when_another_gpu_frees_first_and_keeps_its_attempt(
+    database: db.Database,
+) -> None:
+    _two_busy_gpus(database)
+    (first,) = _attempts(database, "next")
+    report_attempt(database, "long-1", "Exited", T0, exit_code=0)  # GPU 1 frees before GPU 0
+    _reconcile(database, "long")
+    _schedule(database)
+    (moved,) = _attempts(database, "next")
+    assert moved.metadata.uid != first.metadata.uid
+    assert (moved.metadata.name, moved.spec.gpus, moved.spec.after) == ("next-1", [1], [])
+    j = _get_job(database, "next")
+    assert (j.status.attempts, j.status.gpus) == (1, [1])
+    assert _reasons(database, "next") == ["Scheduled", "Scheduled"]
+
+
+def test_a_higher_priority_job_takes_its_place_and_it_waits_again(
+    database: db.Database,
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 1, T0)
+        writer.create(make_job("running").priority(10).build())  # not preempted by `high`
+    _schedule(database)
+    report_attempt(database, "running-1", "Running", T0)
+    with database.write() as session:
+        store.Store(session).create(make_job("low").build())
+    _schedule(database)
+    assert [b.metadata.name for b in _attempts(database, "low")] == ["low-1"]
+    with database.write() as session:
+        store.Store(session).create(make_job("high").priority(5).build())
+    _schedule(database)
+    assert _attempts(database, "low") == []
+    low = _get_job(database, "low")
+    assert (low.status.phase, low.status.attempts, low.status.gpus) == ("Pending", 0, None)
+    assert _reasons(database, "low") == ["Scheduled", scheduling.REASON_UNBOUND]
+    (high,) = _attempts(database, "high")
+    assert high.spec.after == [_attempts(database, "running")[0].metadata.uid]
+
+
+def test_an_attempt_its_agent_took_is_not_moved(database: db.Database) -> None:
+    """The pass removes exactly the Binding it read: once the agent wrote Starting, the remove
+    conflicts, the transaction rolls back, and a fresh pass sees the attempt as started."""
+    _two_busy_gpus(database)
+    with database.read() as session:
+        read = store.Store(session).get(binding.Binding, "next-1", "default")
+    report_attempt(database, "next-1", "Starting", T0)  # the agent took it (short ended, say)
+    with pytest.raises(errors.Conflict), database.write() as session:
+        store.Store(session).remove(read)
+    report_attempt(database, "long-1", "Exited", T0, exit_code=0)
+    _reconcile(database, "long")
+    _schedule(database)
+    (taken,) = _attempts(database, "next")
+    assert (taken.spec.gpus, taken.status.phase) == ([0], "Starting")
+
+
+@pytest.mark.parametrize("how", ["delete", "suspend"])
+def test_deleting_or_suspending_takes_the_attempt_back_uncounted(
+    database: db.Database, how: str
+) -> None:
+    _two_busy_gpus(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        if how == "delete":
+            writer.delete(job.Job, "next", "default")
+        else:
+            j = writer.get(job.Job, "next", "default")
+            j.spec.suspend = True
+            writer.update(j)
+    _reconcile(database, "next")
+    if how == "delete":
+        with database.read() as session:
+            assert store.Store(session).find(job.Job, "next", "default") is None
+            assert store.Store(session).find(binding.Binding, "next-1", "default") is None
+        return
+    assert _attempts(database, "next") == []
+    j = _get_job(database, "next")
+    assert (j.status.phase, j.status.attempts, j.status.reason) == ("Pending", 0, "Suspended")
+    _schedule(database, T0 + timedelta(seconds=1))
+    assert _attempts(database, "next") == []  # a suspended Job is not bound again
