@@ -134,6 +134,9 @@ class Runtime:
         directory = self.attempts_dir / launch.uid
         directory.mkdir(exist_ok=True, mode=0o700)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The launch records need not survive a power cut, which ends every job with them: an
+        # attempt found without them after a reboot is absent (a Running one is reported lost,
+        # a Starting one starts). Not syncing them takes two fsyncs off every job's start.
         supervisor.write_atomically(
             directory / supervisor.SPEC,
             {
@@ -149,6 +152,7 @@ class Runtime:
                 else {"signal": launch.stop_warning[0], "seconds": launch.stop_warning[1]},
                 "successFile": launch.success_file,
             },
+            durable=False,
         )
         lock_fd = os.open(directory / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
         try:
@@ -162,6 +166,7 @@ class Runtime:
             supervisor.write_atomically(
                 directory / supervisor.LAUNCHED,
                 {"supervisor": pid, "bootId": supervisor.boot_id()},
+                durable=False,
             )
         finally:
             os.close(lock_fd)
