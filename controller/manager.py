@@ -148,7 +148,8 @@ class Controller:
                 # needs no reconcile and no further pass: it is the pass's own conclusion.
                 continue
             if change.kind == "Job":
-                keys.add(("Job", change.namespace, change.name))
+                if change.type != "ADDED" or not jobs.untouched_when_created(change.object):
+                    keys.add(("Job", change.namespace, change.name))
                 self._track_dependencies(change.type, change.object)
                 phase = change.object["status"].get("phase", "Pending")
                 if change.type != "MODIFIED" or phase == "Pending":

@@ -161,3 +161,28 @@ def test_a_finished_job_is_deleted_when_its_ttl_runs_out(database: db.Database) 
         reader = store.Store(session)
         assert reader.find(job.Job, "short", "default") is None
         assert reader.find(binding.Binding, "short-1", "default") is None
+
+
+def test_a_new_job_the_controller_skips_is_one_reconcile_leaves_untouched(
+    database: db.Database,
+) -> None:
+    """The controller does not reconcile a Job just created when `untouched_when_created` says
+    reconcile would write nothing and want no timer: hold it to that, case by case."""
+    suspended, waits = make_job("suspended").build(), make_job("waits").build()
+    suspended.spec.suspend = True
+    waits.spec.depends_on = ["first"]
+    rerun = make_job("rerun").build()
+    rerun.metadata.annotations[job.ANNOTATION_RERUN] = "token"
+    cases = [make_job("plain").build(), make_job("big").gpus(4).build(), suspended, waits, rerun]
+    with database.write() as session:
+        writer = store.Store(session)
+        created = {j.name: writer.create(j).wire() for j in cases}
+    skipped = {name for name, wire in created.items() if jobs.untouched_when_created(wire)}
+    assert skipped == {"plain", "big"}
+    for name in created:
+        with database.read() as session:
+            before = store.Store(session).current_revision()
+        due = store.transact(database, lambda w, name=name: jobs.reconcile(w, "default", name, T0))
+        with database.read() as session:
+            wrote = store.Store(session).current_revision() != before
+        assert (name in skipped) == (not wrote and due is None), name
