@@ -24,7 +24,7 @@ from datetime import datetime
 from bench import jobs as job_benchmarks
 from bench.store import BenchError, Context, Result, progress
 from controller import jobs, placement, reading, scheduling
-from gctl.api import job, meta, node
+from gctl.api import binding, job, meta, node
 from gctl.store import db, store
 
 NODES, GPUS_PER_NODE = 125, 8
@@ -98,6 +98,8 @@ def _gpus_taken(database: db.Database) -> float:
     taken: dict[tuple[str, int], float] = defaultdict(float)
     with database.read() as session:
         for attempt in store.Store(session).active_bindings():
+            if binding.queued(attempt.spec, attempt.status):
+                continue  # bound ahead: the next job of its GPUs, holding none of them yet
             for index in attempt.spec.gpus:
                 taken[(attempt.spec.node, index)] += attempt.spec.gpu_share
     if any(share > 1 + 1e-9 for share in taken.values()):
@@ -120,7 +122,11 @@ def _one_exit(database: db.Database, now: datetime) -> None:
     """The agent reports one attempt exited; the controller accounts for its Job."""
     with database.write() as session:
         writer = store.Store(session)
-        attempt = next(b for b in writer.active_bindings() if b.spec.gpu_share == 1.0)
+        attempt = next(
+            b
+            for b in writer.active_bindings()
+            if b.spec.gpu_share == 1.0 and not binding.queued(b.spec, b.status)
+        )
         attempt.status.phase = "Exited"
         attempt.status.exit_code = 0
         attempt.status.start_time = now

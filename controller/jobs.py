@@ -161,6 +161,9 @@ def _account(
     """The latest attempt ended: decide what that means for the Job, once."""
     status = j.status
     status.exit_code = latest.status.exit_code
+    # A Job bound ahead gets its start time from its first attempt that started, even one
+    # that ended before the controller saw it run (activeDeadlineSeconds counts from it).
+    status.start_time = status.start_time or latest.status.start_time
     # What ended the attempt is what the agent observed: a stop asked for after the process
     # had already exited on its own does not count (its status.reason says how it ended).
     stop = latest.status.reason if latest.spec.stop_reason else None

@@ -113,6 +113,7 @@ class _Planner:
         self.node_jobs: Counter[str] = Counter()
         self.partial: dict[tuple[str, int], snapshot.Slot] = {}  # shared GPUs with room left
         self.stopping: set[Allocation] = set()
+        self.places: dict[Allocation, list[snapshot.Slot]] = {}  # attempt bound ahead -> GPUs
         self.version = 0  # moves with every change of capacity, for cached messages
         self._hold(world.allocations)
         # What this pass learnt about request shapes: capacity only shrinks while it runs.
@@ -120,6 +121,7 @@ class _Planner:
         self.no_fit: set[tuple[object, ...]] = set()
         self.no_wait: set[tuple[object, ...]] = set()
         self.no_preemption: set[tuple[object, ...]] = set()
+        self.no_ahead: dict[tuple[object, ...], int] = {}  # shape -> version it found none at
         self.unknown_start: set[tuple[object, ...]] = set()
         self.messages: dict[tuple[object, ...], str] = {}
         self.positions: Counter[str] = Counter()
@@ -132,6 +134,7 @@ class _Planner:
                 for index in allocation.gpus:
                     if (slot := by_key.get((allocation.node, index))) is not None:
                         slot.queued = allocation
+                        self.places.setdefault(allocation, []).append(slot)
                 continue
             for index in allocation.gpus:
                 slot = by_key.get((allocation.node, index))
@@ -193,10 +196,12 @@ class _Planner:
         waiting = self._wait_for_stopping(request, pool, static, shape)  # 3. wait
         if waiting is None and pool.preemption:  # 4. preempt
             waiting = self._preempt(request, pool, static, shape)
-        if waiting is None:  # 5. bind ahead
+        # 5. bind ahead; a shape that found no place finds none until capacity changes.
+        if waiting is None and (request.queued or self.no_ahead.get(shape) != self.version):
             ahead = self._ahead(request, pool, static, own_only=False)
             if ahead is not None:
                 return ahead
+            self.no_ahead[shape] = self.version
         self._release(request)
         self.positions[pool.name] += 1
         position = self.positions[pool.name]
@@ -398,7 +403,7 @@ class _Planner:
         start it) and still suit it."""
         queued = request.queued
         assert queued is not None
-        own = [s for s in self.slots if s.queued is not None and s.queued == queued]
+        own = self._places_of(queued)
         if len(own) != len(queued.gpus):
             return None
         for slot in own:
@@ -412,19 +417,27 @@ class _Planner:
         """A Job bound ahead moves or goes back to waiting: its GPUs' next place is free."""
         if request.queued is None:
             return
-        for slot in self.slots:
-            if slot.queued is not None and slot.queued == request.queued:
-                slot.queued = None
+        for slot in self._places_of(request.queued):
+            slot.queued = None
+            self.version += 1
+
+    def _places_of(self, queued: Allocation) -> list[snapshot.Slot]:
+        """The GPUs whose next job the attempt bound ahead still is."""
+        return [s for s in self.places.get(queued, []) if s.queued is queued]
 
     def _queueable(self, slot: snapshot.Slot, request: Request, own_only: bool) -> bool:
         """Whether the request may be bound ahead to this GPU: busy with one job that holds
         all of it, nobody's next place yet (a place held by a Job later in the queue is taken
         from it), and not reserved for another Job."""
-        if slot.next is not None or slot.jobs != 1 or slot.share < 1 - EPSILON:
+        if slot.next is not None:
             return False
         if slot.reserved is not None and slot.reserved.holder is not request:
             return False
         own = slot.queued is not None and slot.queued == request.queued
+        if own and slot.jobs == 0:
+            return True  # its job ended: still its place, while its other GPUs are busy
+        if slot.jobs != 1 or slot.share < 1 - EPSILON:
+            return False
         if own_only:
             return own
         return slot.queued is None or own or slot.queued in self.movable
@@ -438,7 +451,13 @@ class _Planner:
             return None
         wanted = int(request.gpus)
         options = []
-        for name, takeable in static.takeable:
+        groups = static.takeable
+        if own_only:  # only its own place: the GPUs it is bound ahead to
+            assert request.queued is not None
+            own = self._places_of(request.queued)
+            own = [s for s in own if snapshot.at(s) in static.members and _could_take(s, request)]
+            groups = [(request.queued.node, own)]
+        for name, takeable in groups:
             usable = [s for s in takeable if self._queueable(s, request, own_only)]
             if len(usable) < wanted:
                 continue

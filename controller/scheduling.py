@@ -155,22 +155,26 @@ def _apply(
             _give_up_place(writer, d, by_key, world, now)
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
     placed = [d for d in changed if d.placement is not None]
+    late = False
     for count, d in enumerate(placed):
         # A Job that moves has given up its place already: it is bound whatever the time.
-        if count and d.request.queued is None and budget.late():
-            break  # the rest, and what waiting Jobs are told, next pass
+        # Other binds, and what waiting Jobs are told, wait for the next pass once it is late.
+        if d.request.queued is None and (late or (count and budget.late())):
+            late = True
+            continue
         assert d.placement is not None
         key = (d.request.namespace, d.request.name)
         chosen = job.Job.model_validate(by_key[key])
         rules = pools.get(d.request.pool) or placement.Pool()
         created[key] = _bind(writer, chosen, d.placement, rules, now, after=_uids(d, created))
-    else:
-        for d in decisions:
-            if d.victims:
-                _preempt(writer, d, by_key, world)
-        for d in decisions:
-            if d.placement is None:
-                _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+    if late:
+        return
+    for d in decisions:
+        if d.victims:
+            _preempt(writer, d, by_key, world)
+    for d in decisions:
+        if d.placement is None:
+            _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
 
 
 def _uids(d: placement.Decision, created: dict[Key, str]) -> list[str]:

@@ -58,7 +58,9 @@ class Pool:
     bind_ahead: bool = True
 
 
-@dataclass(frozen=True)
+# Compared and hashed by identity: a pass looks Allocations up in sets and compares a GPU's next
+# job with a Request's by the thousand, and each is one object of the snapshot it read.
+@dataclass(frozen=True, eq=False)
 class Allocation:
     """An attempt that holds GPUs (an active Binding), with what its Job says about it."""
 

@@ -153,3 +153,44 @@ def test_deleting_or_suspending_takes_the_attempt_back_uncounted(
     assert (j.status.phase, j.status.attempts, j.status.reason) == ("Pending", 0, "Suspended")
     _schedule(database, T0 + timedelta(seconds=1))
     assert _attempts(database, "next") == []  # a suspended Job is not bound again
+
+
+def test_a_pass_out_of_time_still_binds_the_job_it_moved(database: db.Database) -> None:
+    """A late pass leaves new binds to the next one, but a Job bound ahead that it moved has
+    given up its place already: it is bound again, never left without an attempt."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 4, T0)
+        for index in range(4):  # r0 frees soonest: `next` is bound ahead of it
+            j = make_job(f"r{index}").build()
+            j.spec.active_deadline_seconds = 60 * (index + 1)
+            writer.create(j)
+    _schedule(database)
+    with database.write() as session:
+        store.Store(session).create(make_job("next").build())
+    _schedule(database)
+    assert _attempts(database, "next")[0].spec.gpus == [0]
+    for index in (1, 2, 3):
+        report_attempt(database, f"r{index}-1", "Exited", T0, exit_code=0)
+        _reconcile(database, f"r{index}")
+    with database.write() as session:
+        for name in ("a", "b"):
+            store.Store(session).create(make_job(name).priority(5).build())
+    ticks = iter(range(1000))  # every look at the clock is a second later: late at once
+    limits = scheduling.Limits(seconds=0.5, clock=lambda: float(next(ticks)))
+    store.transact(database, lambda w: scheduling.schedule(w, T0, limits))
+    (moved,) = _attempts(database, "next")
+    assert (moved.spec.gpus, moved.spec.after) == ([3], [])
+    assert [len(_attempts(database, name)) for name in ("a", "b")] == [1, 0]
+
+
+def test_an_attempt_seen_only_once_it_ended_gives_the_job_its_start_time(
+    database: db.Database,
+) -> None:
+    """A Job bound ahead has no start time until it starts; an attempt that ran and exited
+    between two looks of the controller still gives it one (its deadline counts from it)."""
+    _two_busy_gpus(database)
+    report_attempt(database, "next-1", "Exited", T0 + timedelta(minutes=1), exit_code=3)
+    _reconcile(database, "next")
+    j = _get_job(database, "next")
+    assert (j.status.phase, j.status.start_time) == ("Failed", T0 + timedelta(minutes=1))

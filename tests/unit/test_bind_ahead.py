@@ -116,6 +116,16 @@ def test_a_job_bound_ahead_starts_where_its_gpus_freed_and_nobody_takes_them() -
     assert not placement.changes(result["next"])
 
 
+def test_a_multi_gpu_job_keeps_the_gpus_that_freed_while_the_others_run() -> None:
+    mine = queued("pair", "a", 0, 1)
+    shot = snapshot(gpus("a", 2), allocations=[running("y", "a", 1), mine])  # x on 0 ended
+    result = decide(shot, again(req("pair", 2), mine), req("small", priority=-1))
+    assert (at(result["pair"]), after(result["pair"])) == (("a", (0, 1)), ["y"])
+    assert not placement.changes(result["pair"])
+    assert at(result["small"]) is None  # GPU 0 stays free for the pair
+    assert "taken by a job bound ahead" in result["small"].message
+
+
 def test_a_job_bound_ahead_moves_to_a_gpu_that_is_free_now() -> None:
     mine = queued("next", "a", 0)
     shot = snapshot(gpus("a", 2), allocations=[running("x", "a", 0), mine])
