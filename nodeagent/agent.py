@@ -179,15 +179,20 @@ class Agent:
         Attempts bound ahead come last: one whose predecessors have ended here is taken (its
         phase Starting, written with the pass's reports, so a move by the scheduler and the
         take cannot both succeed) and started as soon as that write commits."""
+        closed: set[int] = set()  # GPUs cordoned or draining: no attempt bound ahead starts
         with self.db.read() as session:
-            bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
+            reader = store.Store(session)
+            bindings = reader.active_bindings(self.name, _SYNCED_PHASES)
+            if any(binding.queued(b.spec, b.status) for b in bindings):
+                closed = _closed_gpus(reader.find(node.Node, self.name))
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         self._reports = []
         self._taking = []
         for bound in bindings:
             try:
                 if binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason:
-                    self._take_if_free(bound, bindings)
+                    if not closed.intersection(bound.spec.gpus):  # else the scheduler moves it
+                        self._take_if_free(bound, bindings)
                 else:
                     self._sync_one(bound)
             except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
@@ -506,6 +511,13 @@ def _success_file(value: str | None) -> binding.SuccessFile | None:
     if value == binding.SUCCESS_FILE_MISSING:
         return binding.SUCCESS_FILE_MISSING
     return None
+
+
+def _closed_gpus(current: node.Node | None) -> set[int]:
+    """The indices of this node's GPUs that take no new attempt (cordoned or draining)."""
+    if current is None:
+        return set()
+    return {g.index for g in current.status.gpus if current.spec.gpu_state(g.index)}
 
 
 def _created(b: binding.Binding) -> datetime:

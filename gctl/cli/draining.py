@@ -261,6 +261,8 @@ def evict(writer: store.Store, targets: list[Target]) -> list[dict[str, Any]]:
             wire = bound.wire()
             if bound.spec.stop_reason or not any(t.holds(wire) for t in targets):
                 continue
+            if binding.queued(bound.spec, bound.status):
+                continue  # bound ahead, not started: the scheduler moves it off a closed GPU
             bound.spec.stop_reason = binding.STOP_EVICTED
             writer.update(bound)
             asked.append(wire)
@@ -291,7 +293,9 @@ def _busy(database: db.Database, targets: list[Target]) -> tuple[int, dict[str, 
             for name in dict.fromkeys(t.node for t in targets)
             for b in reader.active_bindings(name)
         }
-    return revision, {uid: w for uid, w in held.items() if any(t.holds(w) for t in targets)}
+    return revision, {
+        uid: w for uid, w in held.items() if views.holding(w) and any(t.holds(w) for t in targets)
+    }
 
 
 # -- the commands ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ the jobs are shell commands that write the time they start and end."""
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,37 @@ def test_a_restarted_agent_starts_what_waited_for_a_job_that_ended_meanwhile(
     first = wait_for(phase_is(gctl, "first", "Succeeded"), "first to succeed", DEADLINE)
     assert first["status"]["exitCode"] == 0
     _assert_second_started_after_first_ended(tmp_path)
+
+
+def test_the_agent_does_not_start_a_job_bound_ahead_on_a_cordoned_gpu(
+    gctl: Gctl, cluster: Cluster, tmp_path: Path
+) -> None:
+    _first_then_second(gctl, cluster, tmp_path)
+    cluster.kill("controller")  # nobody moves `second`: the agent alone must hold back
+    gctl.ok("cordon", "gpu0")
+    (tmp_path / "release").touch()
+    wait_for(
+        lambda: (b := _attempt(gctl, "first-1")) and b["status"].get("phase") == "Exited",
+        "first to exit",
+        DEADLINE,
+    )
+    time.sleep(1.5)  # several agent passes: the attempt bound ahead stays untaken
+    second = _attempt(gctl, "second-1")
+    assert second is not None
+    assert second["status"].get("phase", "Pending") == "Pending"
+    assert not (tmp_path / "start").exists()
+    gctl.ok("uncordon", "gpu0")
+    wait_for((tmp_path / "start").exists, "second to start once uncordoned", DEADLINE)
+
+
+def test_drain_evicts_what_runs_and_leaves_the_job_bound_ahead_to_the_scheduler(
+    gctl: Gctl, cluster: Cluster, tmp_path: Path
+) -> None:
+    _first_then_second(gctl, cluster, tmp_path)
+    cluster.kill("controller")  # what drain itself writes, before any pass moves `second`
+    gctl.ok("drain", "gpu0", "--evict")
+    first, second = _attempt(gctl, "first-1"), _attempt(gctl, "second-1")
+    assert first is not None
+    assert second is not None
+    assert first["spec"].get("stopReason") == "Evicted"
+    assert "stopReason" not in second["spec"]  # it never started: nothing to evict
