@@ -84,6 +84,7 @@ class Agent:
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
         self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes
+        self._started = 0  # attempts this pass started
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
         self._written_lock = threading.Lock()
@@ -188,6 +189,7 @@ class Agent:
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         self._reports = []
         self._taking = []
+        self._started = 0
         for bound in bindings:
             try:
                 if binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason:
@@ -210,7 +212,9 @@ class Agent:
         bound_uids = {b.metadata.uid for b in bindings}
         for uid in self.runtime.known():
             if uid not in bound_uids:
-                self._orphan(uid)
+                # Removing an ended attempt's directory takes milliseconds: a pass that started
+                # jobs leaves it to a quieter one, so that other GPUs' hand-offs wait less.
+                self._orphan(uid, tidy=not self._started)
 
     def _take_if_free(self, bound: binding.Binding, bindings: list[binding.Binding]) -> None:
         """Take an attempt bound ahead once the attempts it waits for have ended here and no
@@ -307,6 +311,7 @@ class Agent:
             gpu_list,
             shlex.join(argv),
         )
+        self._started += 1
         state = self.runtime.launch(
             runtime.Launch(
                 uid=bound.metadata.uid or "",
@@ -394,13 +399,14 @@ class Agent:
             return []
         return taken
 
-    def _orphan(self, uid: str) -> None:
-        """An attempt on disk whose Binding is gone: stop it, and forget it once it ended."""
+    def _orphan(self, uid: str, *, tidy: bool = True) -> None:
+        """An attempt on disk whose Binding is gone: stop it, and forget it once it ended
+        (when `tidy`)."""
         state = self.runtime.state(uid)
         if state.phase == "running":
             log.warning("stopping attempt %s: its Binding was deleted", uid)
             self.runtime.stop(uid, warn=False)
-        else:
+        elif tidy:
             if state.phase == "lost":
                 self.runtime.kill_lost(uid)
             self.runtime.forget(uid)

@@ -10,10 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import Gctl
 from tests.e2e.test_jobs import Cluster, apply_job, phase_is, wait_for
 
 DEADLINE = 20.0
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """SQLite only: what the agent does here is the same on either database, and the
+    compare-and-set it relies on is tested on both (tests/integration/test_bind_ahead.py)."""
+    return str(tmp_path / "gctl.db")
 
 
 def _attempt(gctl: Gctl, name: str) -> dict[str, Any] | None:
