@@ -167,14 +167,20 @@ def with_pool_views(
     """Pools with GPUS (matched on known nodes), ALLOCATED (of those, held by a gctl job),
     RUNNING and QUEUED (the pool's Jobs; a Job that names no pool is the default pool's)."""
     held = set(holders(bindings))
+    # Jobs bound ahead are Scheduled, but wait for their GPUs: queued, not running.
+    ahead = {
+        b["spec"].get("jobUID")
+        for b in bindings
+        if b["status"].get("phase", "Pending") == "Pending" and b["spec"].get("after")
+    }
     running: dict[str, int] = {}
     queued: dict[str, int] = {}
     for j in jobs:
         name = j["spec"].get("pool") or DEFAULT_POOL
         phase = j["status"].get("phase", "Pending")
-        if phase in ("Scheduled", "Running"):
+        if phase in ("Scheduled", "Running") and j["metadata"].get("uid") not in ahead:
             running[name] = running.get(name, 0) + 1
-        elif phase == "Pending" and not j["spec"].get("suspend"):
+        elif phase in ("Pending", "Scheduled") and not j["spec"].get("suspend"):
             queued[name] = queued.get(name, 0) + 1
     viewed = []
     for p in pools:

@@ -183,15 +183,24 @@ def test_pool_views_count_allocations_and_queues() -> None:
         {"metadata": {"name": "a100"}, "spec": {"selector": {"nodeLabels": {"gpu": "a100"}}}},
         {"metadata": {"name": "default"}, "spec": {}},
     ]
-    bindings = [_bound("t", "a", [0, 1]), _bound("s", "b", [0]), _bound("o", "a", [3], "Lost")]
+    ahead = _bound("next", "b", [0], "Pending")  # bound ahead of s: it waits, holding nothing
+    ahead["spec"] |= {"after": ["uid-s"], "jobUID": "uid-next"}
+    bindings = [
+        _bound("t", "a", [0, 1]),
+        _bound("s", "b", [0]),
+        _bound("o", "a", [3], "Lost"),
+        ahead,
+    ]
 
     def job(name: str, phase: str, **spec: Any) -> dict[str, Any]:
-        return {"metadata": {"name": name}, "spec": spec, "status": {"phase": phase}}
+        metadata = {"name": name, "uid": f"uid-{name}"}
+        return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
 
     jobs = [
         job("t", "Running", pool="a100"),
         job("q", "Pending", pool="a100"),
         job("s", "Scheduled"),
+        job("next", "Scheduled"),
         job("w", "Pending"),
         job("held", "Pending", suspend=True),
         job("done", "Failed"),
@@ -204,7 +213,7 @@ def test_pool_views_count_allocations_and_queues() -> None:
 
     assert viewed == {
         "a100": {"gpus": 4, "allocated": 2, "running": 1, "queued": 1},
-        "default": {"gpus": 6, "allocated": 3, "running": 1, "queued": 1},
+        "default": {"gpus": 6, "allocated": 3, "running": 1, "queued": 2},
     }
 
 
