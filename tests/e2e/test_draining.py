@@ -198,7 +198,7 @@ def test_a_cordon_is_not_lost_to_a_heartbeat(gctl: Gctl, database: db.Database) 
     """The agent rewrites the Node's status all the time (here 100 times a second; a real one
     every 10 s); cordons write the spec with compare-and-set and retry on a conflict, so each
     one lands and none undoes another."""
-    put(database, make_node("box1", gpus=8))
+    put(database, make_node("box1", gpus=4))
     stop = threading.Event()
 
     def heartbeats() -> None:
@@ -214,13 +214,13 @@ def test_a_cordon_is_not_lost_to_a_heartbeat(gctl: Gctl, database: db.Database) 
     beating = threading.Thread(target=heartbeats, daemon=True)
     beating.start()
     try:
-        for index in range(8):
+        for index in range(4):
             gctl.ok("cordon", f"gpu{index}")
     finally:
         stop.set()
         beating.join(timeout=10)
 
-    assert node_spec(database, "box1") == {"cordonedGPUs": list(range(8))}
+    assert node_spec(database, "box1") == {"cordonedGPUs": list(range(4))}
 
 
 # -- drain -----------------------------------------------------------------------------------

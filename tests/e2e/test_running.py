@@ -46,6 +46,8 @@ def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[list[str]]:
         "1",
         "--grace-period",
         "2",
+        "--backoff",
+        "0.5",
     )
     logged: list[str] = []
     # Drain its output, so that a full pipe never blocks it.
@@ -198,8 +200,9 @@ def test_logs_follow_waits_for_the_first_attempt(gctl: Gctl, cluster: list[str])
 @pytest.mark.timeout(90)
 @SQLITE_ONLY
 def test_logs_of_each_attempt(gctl: Gctl, cluster: list[str], tmp_path: Path) -> None:
-    """The first attempt fails (exit 3); after the controller's 10 s back-off the second
-    succeeds. The latest attempt is the default; --attempt and --previous reach the first."""
+    """The first attempt fails (exit 3); after the controller's back-off (0.5 s here) the
+    second succeeds. The latest attempt is the default; --attempt and --previous reach the
+    first."""
     marker = tmp_path / "failed-once"
     script = (
         "echo attempt $GCTL_ATTEMPT; "
