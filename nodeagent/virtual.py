@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import gctl
@@ -45,6 +45,7 @@ _SYNCED_PHASES = frozenset({"Pending", "Starting", "Running", "Lost"})
 
 CHUNK = 500  # names in one IN list: far below SQLite's limit on a statement's parameters
 Key = tuple[str, str]  # a Binding's (namespace, name)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -221,7 +222,10 @@ class VirtualAgent:
         if not keys and not full:
             return
         work = self._read(None if full else keys)
-        work.bindings.sort(key=lambda b: binding.queued(b.spec, b.status))  # those bound ahead last
+        # Those bound ahead last, oldest first: one may wait for another bound before it.
+        work.bindings.sort(
+            key=lambda b: (binding.queued(b.spec, b.status), b.metadata.creation_timestamp or EPOCH)
+        )
         seen = set()
         for bound in work.bindings:
             seen.add(bound.metadata.uid or "")
@@ -327,10 +331,10 @@ class VirtualAgent:
             b.metadata.uid for b in work.bindings if b.status.phase in ("Pending", "Starting")
         }
         for uid in bound.spec.after:
-            if uid in self.sims and uid not in work.ended:
+            running = uid in self.sims and uid not in work.ended
+            if running or (uid in unstarted and uid not in self.sims):
+                # Read again when it ends (one bound ahead itself may start later this pass).
                 self._waiting.setdefault(uid, set()).add((bound.namespace, bound.name))
-                return True
-            if uid in unstarted and uid not in self.sims:
                 return True
         return False
 

@@ -160,6 +160,26 @@ def test_an_attempt_bound_ahead_starts_when_the_one_before_ends(database: db.Dat
     assert (started.phase, started.start_time) == ("Running", START + timedelta(seconds=2.5))
 
 
+def test_a_chain_of_attempts_bound_ahead_runs_one_after_another(database: db.Database) -> None:
+    """`second` was placed on its freed GPU in the pass that bound `third` ahead of it: both
+    wait, and each starts when the one before it ends, on timers alone."""
+    clock = FakeTime()
+    agent = make_agent(database, clock)
+    first = bind(database, "first", {virtual.DURATION_ANNOTATION: "10"})
+    second = bind(database, "second", {virtual.DURATION_ANNOTATION: "10"}, after=[first])
+    bind(database, "third", {virtual.DURATION_ANNOTATION: "10"}, after=[second])
+    step(agent)
+    phases = [attempt(database, n).phase for n in ("first", "second", "third")]
+    assert phases == ["Running", "Pending", "Pending"]
+    for seconds, running in ((1.0, "second"), (2.0, "third")):
+        clock.seconds = seconds
+        agent.sync()  # the timer of the one that ends names it, and what waits for it
+        assert attempt(database, running).phase == "Running"
+    clock.seconds = 3.0
+    agent.sync()
+    assert attempt(database, "third").finish_time == START + timedelta(seconds=3)
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [("soon", "'soon' is not a number of seconds"), ("-1", "is not a finite, non-negative")],
