@@ -9,7 +9,7 @@ When the agent comes back it finds those attempts Lost and stops whatever still 
 
 from datetime import datetime, timedelta
 
-from gctl.api import meta, node
+from gctl.api import binding, meta, node
 from gctl.store import store
 
 SOURCE = "controller/nodes"
@@ -45,7 +45,11 @@ def reconcile(
 
 
 def _lose_attempts(writer: store.Store, name: str, message: str, now: datetime) -> None:
+    """Mark the node's attempts Lost, except those bound ahead and not taken: they never
+    started, and the next scheduling pass moves them off the node (or unbinds them)."""
     for attempt in writer.active_bindings(name):
+        if binding.queued(attempt.spec, attempt.status):
+            continue
         attempt.status.phase = "Lost"
         attempt.status.reason = "NodeLost"
         attempt.status.message = message

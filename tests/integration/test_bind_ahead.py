@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controller import jobs, scheduling
-from gctl.api import binding, errors, job
+from controller import jobs, nodes, scheduling
+from gctl.api import binding, errors, job, node
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node, report_attempt
 
@@ -194,3 +194,23 @@ def test_an_attempt_seen_only_once_it_ended_gives_the_job_its_start_time(
     _reconcile(database, "next")
     j = _get_job(database, "next")
     assert (j.status.phase, j.status.start_time) == ("Failed", T0 + timedelta(minutes=1))
+
+
+def test_a_lost_node_loses_what_ran_there_and_its_job_bound_ahead_moves_uncounted(
+    database: db.Database,
+) -> None:
+    _two_busy_gpus(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n2", 1, T0)
+        writer.delete(node.Node, "n1")
+    seen: nodes.Seen = {}
+    store.transact(database, lambda w: nodes.reconcile(w, "n1", T0, timedelta(seconds=40), seen))
+    assert _attempts(database, "short")[0].status.phase == "Lost"
+    assert binding.queued(
+        _attempts(database, "next")[0].spec, _attempts(database, "next")[0].status
+    )
+    _schedule(database)
+    (moved,) = _attempts(database, "next")
+    assert (moved.spec.node, moved.spec.gpus, moved.spec.after) == ("n2", [0], [])
+    assert _get_job(database, "next").status.attempts == 1
