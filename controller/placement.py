@@ -257,7 +257,7 @@ class _Planner:
         for slot in found.slots:
             self._occupy(slot, share, request.gpu_memory, ends)
             slot.placed.append(request)
-            if slot.queued is not None and slot.queued == request.queued:
+            if _own_place(slot, request):
                 slot.queued = None  # it starts there now: the GPU's job, no longer its next
         indices = tuple(s.gpu.index for s in found.slots)
         return Decision(request, placement=Placement(request, found.node, indices, share))
@@ -433,7 +433,7 @@ class _Planner:
             return False
         if slot.reserved is not None and slot.reserved.holder is not request:
             return False
-        own = slot.queued is not None and slot.queued == request.queued
+        own = _own_place(slot, request)
         if own and slot.jobs == 0:
             return True  # its job ended: still its place, while its other GPUs are busy
         if slot.jobs != 1 or slot.share < 1 - EPSILON:
@@ -471,7 +471,7 @@ class _Planner:
         return self._queue(request, name, chosen)
 
     def _ahead_key(self, slot: snapshot.Slot, request: Request) -> tuple[int, int, datetime, int]:
-        own = slot.queued is not None and slot.queued == request.queued
+        own = _own_place(slot, request)
         taken = slot.queued is not None and not own
         return (0 if own else 1, int(taken), slot.free_at or NEVER, slot.gpu.index)
 
@@ -659,13 +659,18 @@ def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.S
     return list(usable[:wanted]), False
 
 
+def _own_place(slot: snapshot.Slot, request: Request) -> bool:
+    """Whether the GPU's next job is the request's own attempt, bound ahead in an earlier pass."""
+    return slot.queued is not None and slot.queued is request.queued
+
+
 def _queued_for_another(slot: snapshot.Slot, request: Request) -> bool:
     """A GPU whose next job is another Job's: bound ahead in this pass, or in an earlier one
     and free now, so that its agent is about to start it."""
     if slot.next is not None:
         return slot.next is not request
     queued = slot.queued
-    return queued is not None and queued != request.queued and slot.jobs == 0
+    return queued is not None and queued is not request.queued and slot.jobs == 0
 
 
 def _could_take(slot: snapshot.Slot, request: Request) -> bool:

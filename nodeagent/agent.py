@@ -85,6 +85,7 @@ class Agent:
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
         self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes
         self._started = 0  # attempts this pass started
+        self._closed: set[int] | None = None  # this pass's cordoned or draining GPUs
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
         self._written_lock = threading.Lock()
@@ -180,21 +181,17 @@ class Agent:
         Attempts bound ahead come last: one whose predecessors have ended here is taken (its
         phase Starting, written with the pass's reports, so a move by the scheduler and the
         take cannot both succeed) and started as soon as that write commits."""
-        closed: set[int] = set()  # GPUs cordoned or draining: no attempt bound ahead starts
         with self.db.read() as session:
-            reader = store.Store(session)
-            bindings = reader.active_bindings(self.name, _SYNCED_PHASES)
-            if any(binding.queued(b.spec, b.status) for b in bindings):
-                closed = _closed_gpus(reader.find(node.Node, self.name))
+            bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         self._reports = []
         self._taking = []
         self._started = 0
+        self._closed = None  # read when the pass first wants to take one
         for bound in bindings:
             try:
                 if binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason:
-                    if not closed.intersection(bound.spec.gpus):  # else the scheduler moves it
-                        self._take_if_free(bound, bindings)
+                    self._take_if_free(bound, bindings)
                 else:
                     self._sync_one(bound)
             except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
@@ -232,9 +229,20 @@ class Agent:
                 return
             if here == "absent" and uid in after and other.status.phase in ("Pending", "Starting"):
                 return  # bound before it, not started yet
+        if gpus & self._closed_gpus():
+            return  # cordoned or draining since it was bound: the scheduler moves it
         status = bound.status.model_copy(update={"phase": "Starting"})
         self._reports.append(bound.model_copy(update={"status": status}))
         self._taking.append(bound)
+
+    def _closed_gpus(self) -> set[int]:
+        """This node's GPUs that take no new attempt (cordoned or draining), read once a pass."""
+        if self._closed is None:
+            with self.db.read() as session:
+                current = store.Store(session).find(node.Node, self.name)
+            gpus = current.status.gpus if current is not None else []
+            self._closed = {g.index for g in gpus if current and current.spec.gpu_state(g.index)}
+        return self._closed
 
     def _sync_one(self, bound: binding.Binding) -> None:
         uid = bound.metadata.uid or ""
@@ -517,13 +525,6 @@ def _success_file(value: str | None) -> binding.SuccessFile | None:
     if value == binding.SUCCESS_FILE_MISSING:
         return binding.SUCCESS_FILE_MISSING
     return None
-
-
-def _closed_gpus(current: node.Node | None) -> set[int]:
-    """The indices of this node's GPUs that take no new attempt (cordoned or draining)."""
-    if current is None:
-        return set()
-    return {g.index for g in current.status.gpus if current.spec.gpu_state(g.index)}
 
 
 def _created(b: binding.Binding) -> datetime:

@@ -17,10 +17,14 @@ HOLDING = frozenset({"Pending", "Starting", "Running"})  # phases that hold GPUs
 DEFAULT_POOL = "default"
 
 
+def bound_ahead(bound: Wire) -> bool:
+    """Whether an attempt is bound ahead and not yet taken (gctl.api.binding.queued)."""
+    return bound["status"].get("phase", "Pending") == "Pending" and bool(bound["spec"].get("after"))
+
+
 def holding(bound: Wire) -> bool:
     """Whether an attempt holds its GPUs: not one bound ahead that waits for them."""
-    phase = bound["status"].get("phase", "Pending")
-    return phase in HOLDING and not (phase == "Pending" and bound["spec"].get("after"))
+    return bound["status"].get("phase", "Pending") in HOLDING and not bound_ahead(bound)
 
 
 def holders(bindings: Iterable[Wire]) -> dict[tuple[str, int], list[Wire]]:
@@ -168,11 +172,7 @@ def with_pool_views(
     RUNNING and QUEUED (the pool's Jobs; a Job that names no pool is the default pool's)."""
     held = set(holders(bindings))
     # Jobs bound ahead are Scheduled, but wait for their GPUs: queued, not running.
-    ahead = {
-        b["spec"].get("jobUID")
-        for b in bindings
-        if b["status"].get("phase", "Pending") == "Pending" and b["spec"].get("after")
-    }
+    ahead = {b["spec"].get("jobUID") for b in bindings if bound_ahead(b)}
     running: dict[str, int] = {}
     queued: dict[str, int] = {}
     for j in jobs:

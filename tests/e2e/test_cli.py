@@ -938,6 +938,22 @@ print("HEAVY=" + ",".join(sorted(name for name in {heavy!r} if name in sys.modul
 """
 
 
+def _probe(
+    argv: list[str], cwd: Path, url: str | None = None
+) -> "subprocess.CompletedProcess[str]":
+    """Run gctl in-process as the console script would (against `url`, if given); the last
+    line it prints names the heavy modules that were loaded."""
+    return subprocess.run(
+        [sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "GCTL_DB": url} if url else None,
+        timeout=60,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "shows"),
     [
@@ -946,31 +962,16 @@ print("HEAVY=" + ",".join(sorted(name for name in {heavy!r} if name in sys.modul
     ],
 )
 def test_startup_imports_nothing_heavy(tmp_path: Path, argv: list[str], shows: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    done = _probe(argv, tmp_path)
     assert done.returncode == 0, done.stderr
     *printed, last = done.stdout.splitlines()
     assert shows in "\n".join(printed)
     assert last == "HEAVY="
 
 
-def _probe(argv: list[str], url: str, cwd: Path) -> tuple[list[str], set[str]]:
-    """Run gctl in-process as the console script would: (lines printed, heavy modules loaded)."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "GCTL_DB": url},
-        timeout=60,
-        check=False,
-    )
+def _loaded(argv: list[str], url: str, cwd: Path) -> tuple[list[str], set[str]]:
+    """(lines printed, heavy modules loaded) of gctl run in-process against `url`."""
+    done = _probe(argv, cwd, url)
     assert done.returncode in (0, 1), done.stderr  # diff exits 1 when it found a difference
     *printed, last = done.stdout.splitlines()
     return printed, set(last.removeprefix("HEAVY=").split(",")) - {""}
@@ -983,10 +984,10 @@ def test_applying_new_jobs_to_sqlite_needs_no_sqlalchemy(tmp_path: Path) -> None
     write(tmp_path / "a.yaml", make_job("a").yaml())
     write(tmp_path / "a2.yaml", make_job("a").priority(3).yaml())
 
-    created, created_with = _probe(["apply", "-f", "a.yaml"], url, tmp_path)
-    kept, kept_with = _probe(["apply", "-f", "a.yaml"], url, tmp_path)
-    diffed, diffed_with = _probe(["diff", "-f", "a2.yaml"], url, tmp_path)
-    changed, changed_with = _probe(["apply", "-f", "a2.yaml"], url, tmp_path)
+    created, created_with = _loaded(["apply", "-f", "a.yaml"], url, tmp_path)
+    kept, kept_with = _loaded(["apply", "-f", "a.yaml"], url, tmp_path)
+    diffed, diffed_with = _loaded(["diff", "-f", "a2.yaml"], url, tmp_path)
+    changed, changed_with = _loaded(["apply", "-f", "a2.yaml"], url, tmp_path)
 
     assert (created, kept) == (["job.gctl/a created"], ["job.gctl/a unchanged"])
     assert created_with == kept_with == diffed_with == {"pydantic", "yaml"}
@@ -1078,14 +1079,7 @@ def test_racing_first_use_migrates_once(
 
 @pytest.mark.parametrize("verb", ["cordon", "drain", "uncordon"])
 def test_drain_commands_help_imports_nothing_heavy(tmp_path: Path, verb: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(argv=[verb, "--help"], heavy=HEAVY)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    done = _probe([verb, "--help"], tmp_path)
     assert done.returncode == 0, done.stderr
     *printed, last = done.stdout.splitlines()
     assert "TARGET" in "\n".join(printed)
@@ -1107,15 +1101,7 @@ def test_views_of_nodes_and_pools_read_without_validating(tmp_path: Path, resour
             )
     finally:
         database.close()
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(argv=["get", resource], heavy=HEAVY)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "GCTL_DB": url},
-        timeout=60,
-        check=False,
-    )
+    done = _probe(["get", resource], tmp_path, url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "HEAVY="
 
