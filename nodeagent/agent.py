@@ -14,6 +14,7 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -85,7 +86,11 @@ class Agent:
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
         self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes
         self._started = 0  # attempts this pass started
+        self._seen: dict[str, runtime.State] = {}  # attempts' states as this pass found them
         self._closed: set[int] | None = None  # this pass's cordoned or draining GPUs
+        # Attempts bound ahead, made ready to launch while their GPUs are still busy.
+        self._staged: dict[str, _Staged] = {}
+        self._untidy: set[str] = set()  # ended attempts, unbound, whose directories remain
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
         self._written_lock = threading.Lock()
@@ -184,8 +189,11 @@ class Agent:
         with self.db.read() as session:
             bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
+        bound_uids = {b.metadata.uid for b in bindings}
+        self._staged = {uid: s for uid, s in self._staged.items() if uid in bound_uids}
         self._reports = []
         self._taking = []
+        self._seen = {}
         self._started = 0
         self._closed = None  # read when the pass first wants to take one
         for bound in bindings:
@@ -206,12 +214,14 @@ class Agent:
                 self.wake.set()
         if taken:
             self._flush_reports()
-        bound_uids = {b.metadata.uid for b in bindings}
-        for uid in self.runtime.known():
-            if uid not in bound_uids:
-                # Removing an ended attempt's directory takes milliseconds: a pass that started
-                # jobs leaves it to a quieter one, so that other GPUs' hand-offs wait less.
-                self._orphan(uid, tidy=not self._started)
+        known = self.runtime.known()
+        self._untidy.intersection_update(known)
+        for uid in known:
+            if uid in bound_uids or (self._started and uid in self._untidy):
+                continue
+            # Removing an ended attempt's directory takes milliseconds: a pass that started
+            # jobs leaves it to a quieter one, so that other GPUs' hand-offs wait less.
+            self._orphan(uid, tidy=not self._started)
 
     def _take_if_free(self, bound: binding.Binding, bindings: list[binding.Binding]) -> None:
         """Take an attempt bound ahead once the attempts it waits for have ended here and no
@@ -224,8 +234,9 @@ class Agent:
             uid = other.metadata.uid or ""
             if other is bound or (uid not in after and not gpus & set(other.spec.gpus)):
                 continue
-            here = self.runtime.state(uid).phase
+            here = self._state(uid).phase
             if here == "running":
+                self._stage(bound)
                 return
             if here == "absent" and uid in after and other.status.phase in ("Pending", "Starting"):
                 return  # bound before it, not started yet
@@ -249,7 +260,7 @@ class Agent:
         phase = bound.status.phase
         if phase == "Exited":
             return
-        state = self.runtime.state(uid)
+        state = self._state(uid)
         if phase == "Lost":
             # The controller gave up on this node and retried the Job elsewhere: whatever
             # still runs here must end, so that the Job never runs twice.
@@ -279,7 +290,44 @@ class Agent:
             self.runtime.kill_lost(uid)
         self._report(bound, state)
 
+    def _stage(self, bound: binding.Binding) -> None:
+        """Make an attempt bound ahead ready to launch (its Job read, its spec on disk) while
+        the attempts before it still hold its GPUs, so that taking it costs only the take.
+        One that cannot start is left to the take, which reports why."""
+        uid = bound.metadata.uid or ""
+        if uid in self._staged:
+            return
+        with self.db.read() as session:
+            owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
+        if owner is None or owner.metadata.uid != bound.spec.job_uid:
+            return
+        try:
+            launch = self._launch_of(bound, owner)
+        except errors.Invalid:
+            return
+        self.runtime.prepare(launch)
+        self._staged[uid] = _Staged(owner.metadata.generation, launch)
+
+    def _check_staged(self, writer: store.Store, bound: binding.Binding) -> None:
+        """In the transaction that takes an attempt: forget its staged launch if its Job
+        changed since (a new spec, or deleted), so that the start reads the Job again."""
+        uid = bound.metadata.uid or ""
+        staged = self._staged.get(uid)
+        if staged is None:
+            return
+        owner = writer.find(job.Job, bound.spec.job_name, bound.namespace)
+        if (
+            owner is None
+            or owner.metadata.uid != bound.spec.job_uid
+            or owner.metadata.generation != staged.generation
+        ):
+            del self._staged[uid]
+
     def _start(self, bound: binding.Binding) -> None:
+        staged = self._staged.pop(bound.metadata.uid or "", None)
+        if staged is not None:
+            self._launch(bound, staged.launch, prepared=True)
+            return
         with self.db.read() as session:
             owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
         if owner is None or owner.metadata.uid != bound.spec.job_uid:
@@ -290,14 +338,19 @@ class Agent:
                 ),
             )
             return
-        gpu_list = ",".join(str(g) for g in bound.spec.gpus)
         try:
-            argv = command_argv(owner.spec, gpu_list)
+            launch = self._launch_of(bound, owner)
         except errors.Invalid as exc:
             self._report(
                 bound, runtime.State("exited", exit_code=127, reason="StartError", message=str(exc))
             )
             return
+        self._launch(bound, launch, prepared=False)
+
+    def _launch_of(self, bound: binding.Binding, owner: job.Job) -> runtime.Launch:
+        """What to run for an attempt of `owner`; errors.Invalid if it cannot start here."""
+        gpu_list = ",".join(str(g) for g in bound.spec.gpus)
+        argv = command_argv(owner.spec, gpu_list)
         env = (
             dict(os.environ)
             | owner.spec.env
@@ -310,35 +363,43 @@ class Agent:
                 "GCTL_NODE": self.name,
             }
         )
-        log_path = self.runtime.log_path(owner.namespace, owner.name, bound.spec.attempt)
+        return runtime.Launch(
+            uid=bound.metadata.uid or "",
+            argv=argv,
+            env=env,
+            cwd=owner.spec.working_dir,
+            log_path=self.runtime.log_path(owner.namespace, owner.name, bound.spec.attempt),
+            grace_seconds=self.grace_seconds
+            if owner.spec.termination_grace_period_seconds is None
+            else owner.spec.termination_grace_period_seconds,
+            lease_path=self.lease if self.fence_seconds else None,
+            fence_seconds=self.fence_seconds,
+            stop_warning=None
+            if owner.spec.stop_warning is None
+            else (owner.spec.stop_warning.signal, owner.spec.stop_warning.seconds),
+            success_file=owner.spec.success_file,
+        )
+
+    def _launch(self, bound: binding.Binding, launch: runtime.Launch, *, prepared: bool) -> None:
         log.info(
             "starting %s/%s attempt %d on GPUs [%s]: %s",
-            owner.namespace,
-            owner.name,
+            bound.namespace,
+            bound.spec.job_name,
             bound.spec.attempt,
-            gpu_list,
-            shlex.join(argv),
+            ",".join(str(g) for g in bound.spec.gpus),
+            shlex.join(launch.argv),
         )
         self._started += 1
-        state = self.runtime.launch(
-            runtime.Launch(
-                uid=bound.metadata.uid or "",
-                argv=argv,
-                env=env,
-                cwd=owner.spec.working_dir,
-                log_path=log_path,
-                grace_seconds=self.grace_seconds
-                if owner.spec.termination_grace_period_seconds is None
-                else owner.spec.termination_grace_period_seconds,
-                lease_path=self.lease if self.fence_seconds else None,
-                fence_seconds=self.fence_seconds,
-                stop_warning=None
-                if owner.spec.stop_warning is None
-                else (owner.spec.stop_warning.signal, owner.spec.stop_warning.seconds),
-                success_file=owner.spec.success_file,
-            )
-        )
+        state = self.runtime.launch(launch, prepared=prepared)
+        self._seen[launch.uid] = state
         self._report(bound, state)
+
+    def _state(self, uid: str) -> runtime.State:
+        """The attempt's state on this host, read once a pass (a launch updates it)."""
+        state = self._seen.get(uid)
+        if state is None:
+            state = self._seen[uid] = self.runtime.state(uid)
+        return state
 
     def _report(self, bound: binding.Binding, state: runtime.State) -> None:
         """Write what the host knows about an attempt into the Binding's status, if it moved.
@@ -392,6 +453,8 @@ class Agent:
             with self.db.write() as session:
                 writer = store.Store(session)
                 for report in reports:
+                    if report.metadata.uid in taking:
+                        self._check_staged(writer, report)
                     written = writer.update_status(report)
                     if written.metadata.uid in taking:
                         taken.append(written)
@@ -418,6 +481,9 @@ class Agent:
             if state.phase == "lost":
                 self.runtime.kill_lost(uid)
             self.runtime.forget(uid)
+            self._untidy.discard(uid)
+        elif state.phase in ("exited", "absent"):
+            self._untidy.add(uid)  # nothing left to stop: a busy pass need not look again
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -498,6 +564,14 @@ class Agent:
                     self.wake.set()
         finally:
             bell.close()
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A launch made ready ahead, and the generation of the Job it was made from."""
+
+    generation: int | None
+    launch: runtime.Launch
 
 
 def exit_outcome(state: runtime.State) -> tuple[str, str | None]:

@@ -126,11 +126,9 @@ class Runtime:
             message="the supervisor died without recording the exit",
         )
 
-    def launch(self, launch: Launch) -> State:
-        """Start an attempt, or report the one already there: never two supervisors."""
-        current = self.state(launch.uid)
-        if current.phase != "absent":
-            return current
+    def prepare(self, launch: Launch) -> None:
+        """Write what `launch` needs on disk ahead of it (the attempt stays absent until it is
+        launched): `launch(prepared=True)` then only starts the supervisor."""
         directory = self.attempts_dir / launch.uid
         directory.mkdir(exist_ok=True, mode=0o700)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -154,6 +152,16 @@ class Runtime:
             },
             durable=False,
         )
+
+    def launch(self, launch: Launch, *, prepared: bool = False) -> State:
+        """Start an attempt, or report the one already there: never two supervisors.
+        `prepared`: `prepare(launch)` was called for it already."""
+        current = self.state(launch.uid)
+        if current.phase != "absent":
+            return current
+        if not prepared:
+            self.prepare(launch)
+        directory = self.attempts_dir / launch.uid
         lock_fd = os.open(directory / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
         try:
             try:

@@ -100,6 +100,28 @@ def test_a_restarted_agent_starts_what_waited_for_a_job_that_ended_meanwhile(
     _assert_second_started_after_first_ended(tmp_path)
 
 
+def test_a_job_bound_ahead_changed_after_the_agent_made_it_ready_runs_as_changed(
+    gctl: Gctl, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The agent writes an attempt bound ahead to disk while it waits, so that the hand-off
+    costs only the take; a change to its Job meanwhile must still reach the process."""
+    cluster.controller()
+    cluster.agent("n1", gpus=1)
+    release, greeting = tmp_path / "release", tmp_path / "greeting"
+    apply_job(gctl, "first", ["bash", "-c", f"while [ ! -e {release} ]; do sleep 0.05; done"])
+    wait_for(phase_is(gctl, "first", "Running"), "first to run", DEADLINE)
+    command = ["bash", "-c", f'echo "$GREETING" > {greeting}']
+    apply_job(gctl, "second", command, env={"GREETING": "as applied first"})
+    ahead = wait_for(lambda: _attempt(gctl, "second-1"), "second to be bound ahead", DEADLINE)
+    staged = tmp_path / "state-n1" / "attempts" / ahead["metadata"]["uid"] / "spec.json"
+    wait_for(staged.exists, "the agent to make second ready", DEADLINE)
+    assert json.loads(staged.read_text())["env"]["GREETING"] == "as applied first"
+    apply_job(gctl, "second", command, env={"GREETING": "as changed"})
+    release.touch()
+    wait_for(phase_is(gctl, "second", "Succeeded"), "second to succeed", DEADLINE)
+    assert greeting.read_text() == "as changed\n"
+
+
 def test_the_agent_does_not_start_a_job_bound_ahead_on_a_cordoned_gpu(
     gctl: Gctl, cluster: Cluster, tmp_path: Path
 ) -> None:
