@@ -87,7 +87,10 @@ class Agent:
         self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes
         self._started = 0  # attempts this pass started
         self._seen: dict[str, runtime.State] = {}  # attempts' states as this pass found them
-        self._closed: set[int] | None = None  # this pass's cordoned or draining GPUs
+        # This node's cordoned or draining GPUs, read when a pass first wants to take an attempt
+        # and kept while the feed shows no change to the Node (`_node_changes` counts them).
+        self._closed: tuple[int, set[int]] | None = None
+        self._node_changes = 0
         # Attempts bound ahead, made ready to launch while their GPUs are still busy.
         self._staged: dict[str, _Staged] = {}
         self._untidy: set[str] = set()  # ended attempts, unbound, whose directories remain
@@ -195,7 +198,6 @@ class Agent:
         self._taking = []
         self._seen = {}
         self._started = 0
-        self._closed = None  # read when the pass first wants to take one
         for bound in bindings:
             try:
                 if binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason:
@@ -247,13 +249,15 @@ class Agent:
         self._taking.append(bound)
 
     def _closed_gpus(self) -> set[int]:
-        """This node's GPUs that take no new attempt (cordoned or draining), read once a pass."""
-        if self._closed is None:
+        """This node's GPUs that take no new attempt (cordoned or draining)."""
+        changes = self._node_changes
+        if self._closed is None or self._closed[0] != changes:
             with self.db.read() as session:
                 current = store.Store(session).find(node.Node, self.name)
             gpus = current.status.gpus if current is not None else []
-            self._closed = {g.index for g in gpus if current and current.spec.gpu_state(g.index)}
-        return self._closed
+            closed = {g.index for g in gpus if current and current.spec.gpu_state(g.index)}
+            self._closed = (changes, closed)  # stale at once if the Node changed meanwhile
+        return self._closed[1]
 
     def _sync_one(self, bound: binding.Binding) -> None:
         uid = bound.metadata.uid or ""
@@ -538,15 +542,20 @@ class Agent:
         while not stop.is_set():
             try:
                 with feed.Watch(
-                    self.db, since=since, kinds=[binding.Binding.KIND], stop=stop
+                    self.db, since=since, kinds=[binding.Binding.KIND, node.Node.KIND], stop=stop
                 ) as changes:
                     for batch in changes:
                         since = batch[-1].revision
                         with self._written_lock:
                             written = self._written
                             self._written = {r for r in written if r > since}
+                        if any(c.kind == node.Node.KIND and c.name == self.name for c in batch):
+                            self._node_changes += 1  # cordoned or uncordoned, maybe
+                            self.wake.set()
                         if any(
-                            c.object["spec"].get("node") == self.name and c.revision not in written
+                            c.kind == binding.Binding.KIND
+                            and c.object["spec"].get("node") == self.name
+                            and c.revision not in written
                             for c in batch
                         ):
                             self.wake.set()
