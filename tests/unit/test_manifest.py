@@ -1,5 +1,6 @@
 """Reading manifests: what is accepted, and one-line errors that name file, document and field."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,46 @@ def test_list_documents_and_empty_documents() -> None:
         for i in range(3)
     )
     assert [m.obj.name for m in manifest.parse("l.yaml", text)] == ["j0", "j1", "j2"]
+
+
+def test_a_json_file_reads_as_its_yaml_would() -> None:
+    items = [
+        {
+            "apiVersion": "gctl/v1",
+            "kind": "Job",
+            "metadata": {"name": f"j{i}"},
+            "spec": {"command": "x"},
+        }
+        for i in range(3)
+    ]
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=1)
+    parsed = manifest.parse("l.json", text)
+    assert [m.obj for m in parsed] == [m.obj for m in manifest.parse("l.yaml", " " + text)]
+    assert [str(m.source) for m in parsed] == ["l.json: document 1"] * 3
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            '{"kind": "Job", "kind": "Job"}',
+            "line 1, column 17: invalid YAML: key 'kind' appears twice",
+        ),
+        (
+            '{"apiVersion": "gctl/v1", "kind": "Job",',
+            "invalid YAML: did not find expected node content",
+        ),
+        (
+            '{"apiVersion": "gctl/v1", "kind": "Job", "metadata": {"name": "h"}, "spec": {}}',
+            "spec.command",
+        ),
+    ],
+)
+def test_json_errors_name_the_field_or_the_line(text: str, where: str) -> None:
+    with pytest.raises(errors.Invalid) as caught:
+        manifest.parse("bad.json", text)
+    assert str(caught.value).startswith("bad.json: document 1")
+    assert where in str(caught.value)
 
 
 def test_status_and_server_fields_are_ignored_not_refused() -> None:
