@@ -110,7 +110,9 @@ class Runtime:
         if alive:
             return State("running", pid=pid, started=started)
         if pid_record is None and not (directory / supervisor.LAUNCHED).exists():
-            return State("absent")  # the agent died between writing the spec and launching
+            # Never launched (the agent died before), or the supervisor died before its first
+            # write: the job did not start either way.
+            return State("absent")
         if pid_record is None:  # launched, but died before starting the job: do not relaunch
             return State(
                 "exited",
@@ -168,14 +170,15 @@ class Runtime:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return self.state(launch.uid)  # a supervisor holds it: already launched
-            pid = self._forker.fork(directory, lock_fd)
-            if pid is None:
+            # A forked supervisor writes `launched.json` first thing, off the agent's path; one
+            # in a fresh interpreter may fail to start at all, so it is written for it here.
+            if self._forker.fork(directory, lock_fd) is None:
                 pid = _start_supervisor(directory, lock_fd)
-            supervisor.write_atomically(
-                directory / supervisor.LAUNCHED,
-                {"supervisor": pid, "bootId": supervisor.boot_id()},
-                durable=False,
-            )
+                supervisor.write_atomically(
+                    directory / supervisor.LAUNCHED,
+                    {"supervisor": pid, "bootId": supervisor.boot_id()},
+                    durable=False,
+                )
         finally:
             os.close(lock_fd)
         return State("running")

@@ -208,6 +208,11 @@ def _fence(
 
 
 def supervise(attempt_dir: Path) -> int:
+    # Launched, before anything can fail: a supervisor found dead without a pid record but
+    # with this one died before starting the job, and the attempt is not launched again.
+    write_atomically(
+        attempt_dir / LAUNCHED, {"supervisor": os.getpid(), "bootId": boot_id()}, durable=False
+    )
     spec = json.loads((attempt_dir / SPEC).read_text(encoding="utf-8"))
     stopper = _Stopper(
         attempt_dir, float(spec.get("gracePeriodSeconds", 30)), spec.get("stopWarning")
