@@ -170,15 +170,14 @@ class Runtime:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return self.state(launch.uid)  # a supervisor holds it: already launched
-            # A forked supervisor writes `launched.json` first thing, off the agent's path; one
-            # in a fresh interpreter may fail to start at all, so it is written for it here.
+            # A forked supervisor writes `launched.json` first thing, off the agent's path. One
+            # in a fresh interpreter may fail to start at all, so it is written for it here,
+            # before it starts (after, the two writers would share the temporary file).
             if self._forker.fork(directory, lock_fd) is None:
-                pid = _start_supervisor(directory, lock_fd)
                 supervisor.write_atomically(
-                    directory / supervisor.LAUNCHED,
-                    {"supervisor": pid, "bootId": supervisor.boot_id()},
-                    durable=False,
+                    directory / supervisor.LAUNCHED, {"bootId": supervisor.boot_id()}, durable=False
                 )
+                _start_supervisor(directory, lock_fd)
         finally:
             os.close(lock_fd)
         return State("running")
@@ -214,10 +213,10 @@ class Runtime:
         shutil.rmtree(self.attempts_dir / uid, ignore_errors=True)
 
 
-def _start_supervisor(directory: Path, lock_fd: int) -> int:
+def _start_supervisor(directory: Path, lock_fd: int) -> None:
     """A supervisor in a fresh interpreter: the fork server's fallback."""
     with open(directory / "supervisor.err", "ab") as errors:
-        launched = subprocess.Popen(
+        subprocess.Popen(
             # The supervisor needs the standard library only: started isolated (-I) and without
             # site (-S) it is up in about half the time.
             [sys.executable, "-I", "-S", supervisor.__file__, str(directory)],
@@ -228,7 +227,6 @@ def _start_supervisor(directory: Path, lock_fd: int) -> int:
             stderr=errors,
             close_fds=True,
         )
-    return launched.pid
 
 
 SERVER_ARGV = (sys.executable, "-I", "-S", supervisor.__file__, "--fork-server")
