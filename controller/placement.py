@@ -31,9 +31,13 @@ The planner's values (Snapshot, Request, Decision ...) live in `snapshot` and ar
 step 4's choice of victims is `preemption`'s, and the checks and messages are `diagnosis`'s.
 """
 
+import heapq
+import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from controller import diagnosis, preemption, snapshot
 from gctl.api import binding, job, quantity
@@ -115,6 +119,10 @@ class _Planner:
         self.stopping: set[Allocation] = set()
         self.places: dict[Allocation, list[snapshot.Slot]] = {}  # attempt bound ahead -> GPUs
         self.version = 0  # moves with every change of capacity, for cached messages
+        # Each change to a node's GPUs, in order (`_touch`): the fit indexes catch up from it.
+        self.changes: list[str] = []
+        self.changed_at: dict[str, int] = {}  # node -> position of its last change, plus one
+        self.indexes: dict[tuple[object, ...], _NodeIndex] = {}
         self._hold(world.allocations)
         # What this pass learnt about request shapes: capacity only shrinks while it runs.
         self.statics: dict[tuple[object, ...], snapshot.Static] = {}
@@ -150,6 +158,7 @@ class _Planner:
     def _occupy(
         self, slot: snapshot.Slot, share: float, memory: int | None, ends: datetime | None
     ) -> None:
+        self._touch(slot.gpu.node)
         if slot.jobs == 0:
             self.free[slot.gpu.node] -= 1
             slot.free_at = self.now
@@ -259,6 +268,7 @@ class _Planner:
             slot.placed.append(request)
             if _own_place(slot, request):
                 slot.queued = None  # it starts there now: the GPU's job, no longer its next
+                self._touch(slot.gpu.node)
         indices = tuple(s.gpu.index for s in found.slots)
         return Decision(request, placement=Placement(request, found.node, indices, share))
 
@@ -358,27 +368,131 @@ class _Planner:
         """`wanted` GPUs on one node: binpack takes the node left with the fewest free GPUs,
         spread the node running the fewest jobs; then GPUs that are mutual peers (a fraction:
         the emptiest GPU)."""
+        if not removed and request.queued is None:
+            return self._indexed_fit(request, pool, static, wanted)
+        return self._scan(request, pool, static, wanted, removed, prune=prune)
+
+    def _scan(
+        self,
+        request: Request,
+        pool: Pool,
+        static: snapshot.Static,
+        wanted: int,
+        removed: frozenset[Allocation] | set[Allocation],
+        *,
+        prune: bool,
+    ) -> snapshot.Fit | None:
+        """`_fit_node` by looking at every node."""
         options = []
         for name, slots in static.groups:
             if prune and self.free[name] < wanted:
                 continue  # not enough GPUs without gctl jobs: skip without looking closer
-            usable = [s for s in slots if self._blocker(s, request, pool, removed) is None]
-            if len(usable) >= wanted:
-                if pool.policy == "spread":
-                    primary = (self.node_jobs[name], -len(usable))
-                else:
-                    primary = (len(usable) - wanted, -self.node_jobs[name])
-                options.append((primary, name, usable))
+            option = self._option(name, slots, request, pool, wanted, removed=removed)
+            if option is not None:
+                options.append((option[0], name, option[1]))
         if not options:
             return None
         best = min(option[0] for option in options)
         tied = sorted((o for o in options if o[0] == best), key=lambda o: o[1])
-        if request.gpus < 1:
-            _, name, usable = tied[0]
-            return snapshot.Fit(name, (min(usable, key=lambda s: (s.share, s.gpu.index)),))
-        picks = [(_pick(usable, wanted), name) for _, name, usable in tied]
-        (chosen, _), name = next((p for p in picks if p[0][1]), picks[0])
-        return snapshot.Fit(name, tuple(chosen))
+        return self._choose(request, wanted, ((name, usable) for _, name, usable in tied))
+
+    def _option(
+        self,
+        name: str,
+        slots: list[snapshot.Slot],
+        request: Request,
+        pool: Pool,
+        wanted: int,
+        *,
+        removed: frozenset[Allocation] | set[Allocation] = frozenset(),
+    ) -> "_Option | None":
+        """The node's GPUs that can take the request now and how good a place they are (lower
+        is better), if there are `wanted` of them."""
+        usable = [s for s in slots if self._blocker(s, request, pool, removed) is None]
+        if len(usable) < wanted:
+            return None
+        if pool.policy == "spread":
+            return (self.node_jobs[name], -len(usable)), usable
+        return (len(usable) - wanted, -self.node_jobs[name]), usable
+
+    def _choose(
+        self, request: Request, wanted: int, tied: Iterable[tuple[str, list[snapshot.Slot]]]
+    ) -> snapshot.Fit | None:
+        """Of the best nodes, in name order: a fraction takes the first node's emptiest GPU;
+        whole GPUs the first node with `wanted` mutual peers, else the first node (None:
+        there is none)."""
+        first: snapshot.Fit | None = None
+        for name, usable in tied:
+            if request.gpus < 1:
+                return snapshot.Fit(name, (min(usable, key=lambda s: (s.share, s.gpu.index)),))
+            chosen, peers = _pick(usable, wanted)
+            if peers:
+                return snapshot.Fit(name, tuple(chosen))
+            first = first or snapshot.Fit(name, tuple(chosen))
+        return first
+
+    def _touch(self, node: str) -> None:
+        """Log a change to the node's GPUs, for the fit indexes."""
+        self.changes.append(node)
+        self.changed_at[node] = len(self.changes)
+
+    def _indexed_fit(
+        self, request: Request, pool: Pool, static: snapshot.Static, wanted: int
+    ) -> snapshot.Fit | None:
+        """`_fit_node` for a request that holds no place yet, from its shape's index."""
+
+        def option(name: str, slots: list[snapshot.Slot]) -> _Option | None:
+            return self._option(name, slots, request, pool, wanted)
+
+        index = self._index(("fit", *self._shape(request, pool)), static.groups, option)
+        popped: list[_IndexEntry] = []
+        found = self._choose(request, wanted, self._best(index, popped))
+        for entry in popped:  # still as good as they were: the caller may not place it
+            heapq.heappush(index.heap, entry)
+        return found
+
+    def _index(
+        self,
+        key: tuple[object, ...],
+        groups: list[tuple[str, list[snapshot.Slot]]],
+        option: Callable[[str, list[snapshot.Slot]], "_Option | None"],
+    ) -> "_NodeIndex":
+        """The index of a request shape (for fitting, or for binding ahead), caught up with
+        every change since it was last used.
+
+        For a request that holds no place yet (not bound ahead, nothing reserved), what a node
+        offers depends only on the request's shape and on the node's GPUs: so each node is
+        looked at again only after its GPUs changed, not for every request (10,000 Jobs onto
+        4,000 GPUs: 40 million GPU checks otherwise)."""
+        index = self.indexes.get(key)
+        if index is None:
+            index = self.indexes[key] = _NodeIndex(dict(groups))
+            stale: Iterable[str] = index.groups
+        else:
+            stale = {n for n in self.changes[index.seen :] if n in index.groups}
+        index.seen = len(self.changes)
+        for name in stale:
+            found = option(name, index.groups[name])
+            if found is not None:
+                at = self.changed_at.get(name, 0)
+                heapq.heappush(index.heap, (found[0], name, at, next(_ENTRIES), found[1]))
+        return index
+
+    def _best(
+        self, index: "_NodeIndex", popped: list["_IndexEntry"]
+    ) -> Iterator[tuple[str, list[snapshot.Slot]]]:
+        """The index's current best nodes, in name order; entries older than their node's
+        last change are dropped on the way."""
+        heap = index.heap
+        while heap:
+            primary, name, at, _, usable = heap[0]
+            if at != self.changed_at.get(name, 0):
+                heapq.heappop(heap)
+                continue
+            if popped and primary != popped[0][0]:
+                return
+            yield name, usable
+            popped.append(heapq.heappop(heap))
 
     def _fit_shared(
         self, request: Request, pool: Pool, static: snapshot.Static
@@ -419,6 +533,7 @@ class _Planner:
             return
         for slot in self._places_of(request.queued):
             slot.queued = None
+            self._touch(slot.gpu.node)
             self.version += 1
 
     def _places_of(self, queued: Allocation) -> list[snapshot.Slot]:
@@ -450,25 +565,40 @@ class _Planner:
         if not pool.bind_ahead or request.gpus < 1:
             return None
         wanted = int(request.gpus)
+        if request.queued is None:
+
+            def option(name: str, takeable: list[snapshot.Slot]) -> _Option | None:
+                return self._ahead_option(takeable, request, wanted, own_only=False)
+
+            index = self._index(("ahead", *self._shape(request, pool)), static.takeable, option)
+            best = next(self._best(index, []), None)
+            return None if best is None else self._queue(request, best[0], best[1])
         options = []
         groups = static.takeable
         if own_only:  # only its own place: the GPUs it is bound ahead to
-            assert request.queued is not None
             own = self._places_of(request.queued)
             own = [s for s in own if snapshot.at(s) in static.members and _could_take(s, request)]
             groups = [(request.queued.node, own)]
         for name, takeable in groups:
-            usable = [s for s in takeable if self._queueable(s, request, own_only)]
-            if len(usable) < wanted:
-                continue
-            chosen = sorted(usable, key=lambda s: self._ahead_key(s, request))[:wanted]
-            keys = [self._ahead_key(s, request) for s in chosen]
-            rank = (sum(k[0] for k in keys), sum(k[1] for k in keys), max(k[2] for k in keys))
-            options.append((rank, name, chosen))
+            found = self._ahead_option(takeable, request, wanted, own_only=own_only)
+            if found is not None:
+                options.append((found[0], name, found[1]))
         if not options:
             return None
         _, name, chosen = min(options, key=lambda o: (o[0], o[1]))
         return self._queue(request, name, chosen)
+
+    def _ahead_option(
+        self, takeable: list[snapshot.Slot], request: Request, wanted: int, *, own_only: bool
+    ) -> "_Option | None":
+        """The node's GPUs that free soonest and may take the request as their next job, and
+        how good a place they are (lower is better), if there are `wanted` of them."""
+        usable = [s for s in takeable if self._queueable(s, request, own_only)]
+        if len(usable) < wanted:
+            return None
+        chosen = sorted(usable, key=lambda s: self._ahead_key(s, request))[:wanted]
+        keys = [self._ahead_key(s, request) for s in chosen]
+        return (sum(k[0] for k in keys), sum(k[1] for k in keys), max(k[2] for k in keys)), chosen
 
     def _ahead_key(self, slot: snapshot.Slot, request: Request) -> tuple[int, int, datetime, int]:
         own = _own_place(slot, request)
@@ -486,6 +616,7 @@ class _Planner:
             after.extend(r for r in slot.placed if r not in after)
             slot.queued = None  # a Job behind this one that was next here must move
             slot.next = request
+            self._touch(slot.gpu.node)
             slot.free_at = ends
         self.version += 1
         indices = tuple(sorted(s.gpu.index for s in chosen))
@@ -524,6 +655,7 @@ class _Planner:
         keys = []
         for slot in slots:
             slot.reserved = held
+            self._touch(slot.gpu.node)
             keys.append(snapshot.at(slot))
         self.version += 1
         return tuple(keys)
@@ -570,6 +702,7 @@ class _Planner:
         ends = None if request.runtime is None else start + request.runtime
         for slot in slots:
             slot.free_at = _later(slot.free_at, ends) if ends else None
+            self._touch(slot.gpu.node)
         return (start if start > self.now else None), held
 
     def _soonest(
@@ -636,6 +769,23 @@ class _Planner:
             message=diagnosis.why_no_node(counts, len(self.nodes)),
             position=self.positions[pool.name],
         )
+
+
+# How good a node is for a request (lower is better), and the GPUs it would take there.
+_Option = tuple[tuple[Any, ...], list[snapshot.Slot]]
+_IndexEntry = tuple[tuple[Any, ...], str, int, int, list[snapshot.Slot]]
+_ENTRIES = itertools.count()  # ties between entries of one node: the newest last
+
+
+@dataclass
+class _NodeIndex:
+    """The nodes of a request shape's filtered GPUs (`groups`) and, on a heap, what each
+    offers it, best first, as of the node's last change; `seen`: how much of the planner's
+    change log the heap has caught up with."""
+
+    groups: dict[str, list[snapshot.Slot]]
+    heap: list[_IndexEntry] = field(default_factory=list)
+    seen: int = 0
 
 
 def _free_soonest(slot: snapshot.Slot) -> tuple[datetime, int, int]:

@@ -1,10 +1,13 @@
 """Properties of the planner over random clusters and queues (hypothesis): no GPU is ever
 over-committed, closed GPUs take nothing, and a Job is never passed over by a later one of its
 pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
-none is started on a GPU whose job bound ahead is about to start."""
+none is started on a GPU whose job bound ahead is about to start; and the planner's fit
+indexes decide exactly as looking at every node would."""
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 from controller import placement
 from controller.placement import GPU, Allocation, Node, Pool, Request, Snapshot
+from controller.snapshot import Static
 
 GI = 2**30
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -20,7 +24,8 @@ SIZES = (0, 0.25, 0.5, 1, 1, 2, 3)
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> Snapshot:
+def clusters(draw: st.DrawFn, backfill: bool = False) -> Snapshot:
+    """Random nodes, GPUs and running attempts; the default pool backfills only if asked."""
     nodes, gpus, allocations = [], [], []
     for n in range(draw(st.integers(1, 4))):
         name = f"n{n}"
@@ -29,7 +34,10 @@ def clusters(draw: st.DrawFn) -> Snapshot:
             total = draw(st.sampled_from((24, 40, 80))) * GI
             foreign = draw(st.sampled_from((0, 0, 10 * GI)))
             state = draw(st.sampled_from((None, None, None, "Cordoned", "Draining")))
-            gpus.append(GPU(name, index, "A100", total, foreign_memory=foreign, state=state))
+            peers = draw(st.sampled_from((frozenset(), frozenset({index ^ 1}))))
+            gpus.append(
+                GPU(name, index, "A100", total, foreign_memory=foreign, peers=peers, state=state)
+            )
             share, memory, jobs = 0.0, foreign, 0
             for j in range(draw(st.integers(0, 2))):
                 piece = draw(st.sampled_from(FRACTIONS))
@@ -60,7 +68,10 @@ def clusters(draw: st.DrawFn) -> Snapshot:
     if draw(st.booleans()):
         policy = draw(st.sampled_from(("binpack", "spread")))
         pools["default"] = Pool(
-            "default", policy=policy, max_jobs_per_gpu=draw(st.sampled_from((None, 3)))
+            "default",
+            policy=policy,
+            max_jobs_per_gpu=draw(st.sampled_from((None, 3))),
+            backfill=backfill and draw(st.booleans()),
         )
     return Snapshot(nodes, gpus, pools, allocations)
 
@@ -77,6 +88,7 @@ def queues(draw: st.DrawFn) -> list[Request]:
             priority=draw(st.integers(0, 5)),
             created=T0 + timedelta(seconds=draw(st.integers(0, 3))),
             runtime=draw(st.sampled_from((None, timedelta(minutes=10)))),
+            deadline=draw(st.sampled_from((None, None, 60, 3600))),
         )
         for i in range(draw(st.integers(1, 14)))
     ]
@@ -201,6 +213,42 @@ def test_planning_is_deterministic(shot: Snapshot, requests: list[Request]) -> N
     first = placement.plan(shot, requests, T0)
     again = placement.plan(shot, list(reversed(requests)), T0)
     assert first == again
+
+
+@contextmanager
+def _scanning() -> Iterator[None]:
+    """The planner without its fit indexes: every fit looks at every node."""
+    indexed = placement._Planner._indexed_fit
+
+    def scan(
+        self: placement._Planner, request: Request, pool: Pool, static: Static, wanted: int
+    ) -> placement.snapshot.Fit | None:
+        return self._scan(request, pool, static, wanted, frozenset(), prune=False)
+
+    placement._Planner._indexed_fit = scan  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        placement._Planner._indexed_fit = indexed  # type: ignore[method-assign]
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_the_fit_indexes_decide_as_a_scan_of_every_node(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    """Over two passes, so that Jobs bound ahead in the first are decided again."""
+    for _ in range(2):
+        indexed = placement.plan(shot, requests, T0)
+        with _scanning():
+            scanned = placement.plan(shot, requests, T0)
+        assert indexed == scanned
+        ended = set(
+            data.draw(st.sets(st.sampled_from([a.binding for a in shot.allocations])))
+            if shot.allocations
+            else set()
+        )
+        shot, requests = _after_pass(shot, indexed.decisions, ended)
 
 
 def _after_pass(
