@@ -36,7 +36,45 @@ def reconcile(
     j = writer.find(job.Job, name, namespace)
     if j is None:
         return None
-    attempts = writer.bindings_of(j.metadata.uid or "")
+    return _reconcile(writer, j, writer.bindings_of(j.metadata.uid or ""), now, backoff_base)
+
+
+def reconcile_many(
+    writer: store.Store,
+    keys: list[tuple[str, str]],
+    now: datetime,
+    backoff_base: timedelta = BACKOFF_BASE,
+) -> dict[tuple[str, str], datetime]:
+    """`reconcile` for many Jobs (namespace, name) in one transaction, with their Jobs,
+    Bindings and latest events each read in one query for all; returns when each wants to run
+    again (those that do)."""
+    found: dict[tuple[str, str], job.Job] = {}
+    for namespace in sorted({namespace for namespace, _ in keys}):
+        names = sorted(name for ns, name in keys if ns == namespace)
+        found |= {(namespace, j.name): j for j in writer.find_many(job.Job, namespace, names)}
+    uids = [j.metadata.uid or "" for j in found.values()]
+    attempts = writer.bindings_of_many(uids)
+    writer.prefetch_events(uids)
+    due = {}
+    with writer.batched():  # their status writes and events, one statement per kind
+        for key in keys:
+            j = found.get(key)
+            if j is None:
+                continue
+            its = attempts.get(j.metadata.uid or "", [])
+            when = _reconcile(writer, j, its, now, backoff_base)
+            if when is not None:
+                due[key] = when
+    return due
+
+
+def _reconcile(
+    writer: store.Store,
+    j: job.Job,
+    attempts: list[binding.Binding],
+    now: datetime,
+    backoff_base: timedelta,
+) -> datetime | None:
     active = next((b for b in attempts if b.status.phase in binding.ACTIVE_PHASES), None)
     if j.metadata.deletion_timestamp is not None:
         _finish_deletion(writer, j, attempts, active)

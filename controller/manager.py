@@ -29,6 +29,11 @@ RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
 # Jobs reconciled in one transaction; small enough that agents are never held up for long.
 BATCH = 32
+# Jobs reconciled in one round of the loop, the rest left for the next: a pass runs in every
+# round, so that thousands of attempts reported Running at once do not hold the queue back.
+JOBS_PER_ROUND = 8 * BATCH
+# Nodes reconciled in one transaction: most only restart their heartbeat timer, a read.
+NODE_BATCH = 500
 
 
 def _node_shape(wire: dict[str, Any]) -> tuple[Any, ...]:
@@ -85,13 +90,21 @@ class Controller:
             heapq.heappush(self._timers, (due, key))
 
     def reconcile_together(self, keys: list[Key]) -> bool:
-        """Reconcile several Jobs in one transaction: one commit for the eight attempts that
-        ended together, not eight. False (nothing written) if any of them failed; the caller
-        then reconciles them one by one, so one bad object cannot hold the others back."""
+        """Reconcile several Jobs, or several Nodes, in one transaction (`jobs.reconcile_many`,
+        `nodes.reconcile_many`): one commit for the eight attempts that ended together, not
+        eight, and one read for the hundreds of Nodes that heartbeat together. False (nothing
+        written) if any of them failed; the caller then reconciles them one by one, so one
+        bad object cannot hold the others back."""
         now = self.clock()
 
         def work(writer: store.Store) -> list[tuple[datetime, Key]]:
-            return [(due, k) for k in keys if (due := self._step(writer, k, now)) is not None]
+            if keys[0][0] == "Node":
+                names = [name for _, _, name in keys]
+                due = nodes.reconcile_many(writer, names, now, self.node_timeout, self._seen)
+                return [(when, ("Node", "", name)) for name, when in due.items()]
+            named = [(namespace, name) for _, namespace, name in keys]
+            due_jobs = jobs.reconcile_many(writer, named, now, self.backoff_base)
+            return [(when, ("Job", ns, name)) for (ns, name), when in due_jobs.items()]
 
         try:
             timers = store.transact(self.db, work, attempts=1)
@@ -185,21 +198,26 @@ class Controller:
         )
         follower.start()
         dirty: set[Key] = {RESYNC}
+        backlog: dict[Key, None] = {}  # Jobs left for the next round, oldest first
         while not stop.is_set():
             if RESYNC in dirty:
                 dirty.discard(RESYNC)
                 dirty |= self._guarded(self.resync, RESYNC) or {RESYNC}
             keys = sorted(dirty - {RESYNC}, key=lambda k: k == SCHEDULE)  # schedule last
-            job_keys = [k for k in keys if k[0] == "Job"]
-            keys = [k for k in keys if k[0] != "Job"]
-            for start in range(0, len(job_keys), BATCH):
-                chunk = job_keys[start : start + BATCH]
-                if len(chunk) == 1 or not self.reconcile_together(chunk):
-                    keys[:0] = chunk  # one by one, before the others
+            backlog |= dict.fromkeys(k for k in keys if k[0] == "Job")
+            job_keys = list(backlog)[:JOBS_PER_ROUND]
+            backlog = dict.fromkeys(list(backlog)[JOBS_PER_ROUND:])
+            node_keys = [k for k in keys if k[0] == "Node"]
+            keys = [k for k in keys if k[0] not in ("Job", "Node")]
+            for batch, size in ((job_keys, BATCH), (node_keys, NODE_BATCH)):
+                for start in range(0, len(batch), size):
+                    chunk = batch[start : start + size]
+                    if len(chunk) == 1 or not self.reconcile_together(chunk):
+                        keys[:0] = chunk  # one by one, before the others
             for key in keys:
                 if self._guarded(functools.partial(self.reconcile, key), key) is None:
                     heapq.heappush(self._timers, (self.clock() + timedelta(seconds=1), key))
-            dirty = self._wait(stop) | (dirty & {RESYNC})
+            dirty = self._wait(stop, block=not backlog) | (dirty & {RESYNC})
         self._changes.put(None)
         follower.join(timeout=5)
 
@@ -212,15 +230,17 @@ class Controller:
             return None
         return True if result is None else result
 
-    def _wait(self, stop: threading.Event) -> set[Key]:
+    def _wait(self, stop: threading.Event, *, block: bool = True) -> set[Key]:
+        """What changed, or is due: waits for something unless `block` is false."""
         dirty: set[Key] = set()
-        while not dirty and not stop.is_set():
+        while not stop.is_set():
             timeout = None
             if self._timers:
                 timeout = max(0.0, (self._timers[0][0] - self.clock()).total_seconds())
             try:
                 # At most a second, so that a stop is noticed; a due timer sooner.
-                batch = self._changes.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
+                wait_s = 1.0 if timeout is None else min(timeout, 1.0)
+                batch = self._changes.get(timeout=wait_s if block else 0.0)
                 batches = [batch]
                 while not self._changes.empty():
                     batches.append(self._changes.get_nowait())
@@ -236,6 +256,8 @@ class Controller:
             now = self.clock()
             while self._timers and self._timers[0][0] <= now:
                 dirty.add(heapq.heappop(self._timers)[1])
+            if dirty or not block:
+                return dirty
         return dirty
 
     def _follow(self, since: int, stop: threading.Event) -> None:

@@ -21,7 +21,33 @@ Seen = dict[str, tuple[datetime | None, datetime]]
 def reconcile(
     writer: store.Store, name: str, now: datetime, timeout: timedelta, seen: Seen
 ) -> datetime | None:
-    n = writer.find(node.Node, name)
+    return _reconcile(writer, name, writer.find(node.Node, name), now, timeout=timeout, seen=seen)
+
+
+def reconcile_many(
+    writer: store.Store, names: list[str], now: datetime, timeout: timedelta, seen: Seen
+) -> dict[str, datetime]:
+    """`reconcile` for many Nodes in one transaction, read in one query: after a heartbeat of
+    hundreds of nodes, one read instead of hundreds. Returns when each wants to run again
+    (those that do)."""
+    found = {n.name: n for n in writer.find_many(node.Node, "", names)}
+    due = {}
+    for name in names:
+        when = _reconcile(writer, name, found.get(name), now, timeout=timeout, seen=seen)
+        if when is not None:
+            due[name] = when
+    return due
+
+
+def _reconcile(
+    writer: store.Store,
+    name: str,
+    n: node.Node | None,
+    now: datetime,
+    *,
+    timeout: timedelta,
+    seen: Seen,
+) -> datetime | None:
     if n is None:
         seen.pop(name, None)
         _lose_attempts(writer, name, f"node {name} was deleted", now)

@@ -34,8 +34,10 @@ class World:
     """What a pass reads besides the queue."""
 
     snapshot: placement.Snapshot
-    bindings: dict[Key, binding.Binding]  # active, by namespace and name
-    running: dict[Key, Wire]  # the Jobs of those Bindings, by namespace and name
+    # Active, by namespace and name; and their Jobs. Shared reads (`Store.shared_objects`):
+    # read them, never change them (copy first).
+    bindings: dict[Key, binding.Binding]
+    running: dict[Key, Wire]
     profiles: dict[str, profile.GPUProfileSpec]
     run_times: dict[str, timedelta]  # command -> median run time of its recent successes
 
@@ -44,11 +46,11 @@ def read_world(reader: store.Store) -> World:
     pools = {p.name: pool_of(p) for p in reader.list_objects(pool.GPUPool)}
     profiles = {p.name: p.spec for p in reader.list_objects(profile.GPUProfile)}
     nodes, gpus = [], []
-    for n in reader.list_objects(node.Node):
+    for n in reader.shared_objects(node.Node):
         found, its_gpus = node_of(n)
         nodes.append(found)
         gpus.extend(its_gpus)
-    active = reader.active_bindings()
+    active = reader.shared_active_bindings()
     running = _jobs_of(reader, active)
     run_times = _recent_run_times(reader)
     allocations = [
@@ -121,7 +123,7 @@ def _jobs_of(reader: store.Store, active: list[binding.Binding]) -> dict[Key, Wi
     for namespace, wanted in names.items():
         ordered = sorted(wanted)
         for start in range(0, len(ordered), 500):
-            for w in reader.list_wire(job.Job, namespace, names=ordered[start : start + 500]):
+            for w in reader.shared_wires(job.Job, namespace, ordered[start : start + 500]):
                 found[key(w)] = w
     return found
 

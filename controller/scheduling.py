@@ -41,11 +41,14 @@ Wire = reading.Wire
 Key = reading.Key
 
 
+BATCH = 64  # binds written together (a pass checks its time limit between batches)
+
+
 @dataclass(frozen=True)
 class Limits:
     """How much one pass may do before it leaves the rest to the next one."""
 
-    binds: int = 128  # Jobs bound
+    binds: int = 512  # Jobs bound
     writes: int = 256  # waiting Jobs whose status is written
     # Seconds of writing after which a pass starts no more writes (it binds at least one Job):
     # a pass holds the write lock, and SQLite has only one.
@@ -154,6 +157,7 @@ def _apply(
         if d.request.queued is not None:
             _give_up_place(writer, d, by_key, world, now)
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
+    batch: list[tuple[placement.Decision, job.Job]] = []
     placed = [d for d in changed if d.placement is not None]
     late = False
     for count, d in enumerate(placed):
@@ -162,11 +166,11 @@ def _apply(
         if d.request.queued is None and (late or (count and budget.late())):
             late = True
             continue
-        assert d.placement is not None
-        key = (d.request.namespace, d.request.name)
-        chosen = job.Job.model_validate(by_key[key])
-        rules = pools.get(d.request.pool) or placement.Pool()
-        created[key] = _bind(writer, chosen, d.placement, rules, now, after=_uids(d, created))
+        if len(batch) >= BATCH or _waits_for(d, batch):
+            _bind(writer, batch, pools, created, now)
+            batch = []
+        batch.append((d, job.Job.model_validate(by_key[(d.request.namespace, d.request.name)])))
+    _bind(writer, batch, pools, created, now)
     if late:
         return
     for d in decisions:
@@ -231,23 +235,50 @@ def _give_up_place(
     writer.record_event(j, REASON_UNBOUND, message, source=SOURCE)
 
 
+def _waits_for(d: placement.Decision, batch: list[tuple[placement.Decision, job.Job]]) -> bool:
+    """Whether the Job, bound ahead, starts after one of the batch: its Binding, named by uid
+    in this one's, must be made first."""
+    assert d.placement is not None
+    batched = {id(b.request) for b, _ in batch}
+    return any(id(before) in batched for before in d.placement.after)
+
+
 def _bind(
     writer: store.Store,
-    j: job.Job,
-    decision: placement.Placement,
-    rules: placement.Pool,
+    batch: list[tuple[placement.Decision, job.Job]],
+    pools: dict[str, placement.Pool],
+    created: dict[Key, str],
     now: datetime,
-    *,
-    after: list[str],
-) -> str:
-    """Bind the Job's next attempt (or, for a Job bound ahead that moves, the same attempt
-    again) and move it to Scheduled; returns the new Binding's uid."""
+) -> None:
+    """Bind each Job's next attempt (or, for a Job bound ahead that moves, the same attempt
+    again) and move it to Scheduled: one write per kind of object for the whole batch. Notes
+    the new Bindings' uids in `created`."""
+    if not batch:
+        return
+    attempts, jobs, events = [], [], []
+    for d, j in batch:
+        assert d.placement is not None
+        rules = pools.get(d.request.pool) or placement.Pool()
+        after = _uids(d, created)
+        attempt, message = _bound(j, d.placement, now, after=after)
+        attempts.append(attempt_of(j, attempt, d.placement, rules, after))
+        jobs.append(j)
+        events.append(store.Occurrence(j, "Scheduled", message, source=SOURCE))
+    for (d, _), made in zip(batch, writer.create_many(attempts), strict=True):
+        created[(d.request.namespace, d.request.name)] = made.metadata.uid or ""
+    writer.write_back(jobs)
+    writer.record_events(events)
+
+
+def _bound(
+    j: job.Job, decision: placement.Placement, now: datetime, *, after: list[str]
+) -> tuple[int, str]:
+    """The Job as its attempt's bind leaves it (changed in place): Scheduled, finalizer on.
+    Returns the attempt and what the event says."""
     moved = decision.request.queued
     attempt = j.status.attempts if moved is not None else j.status.attempts + 1
-    created = writer.create(attempt_of(j, attempt, decision, rules, after))
     if job.FINALIZER not in j.metadata.finalizers:
         j.metadata.finalizers = [*j.metadata.finalizers, job.FINALIZER]
-        j = writer.update(j)
     status = j.status
     status.phase = "Scheduled"
     status.attempts = attempt
@@ -275,12 +306,10 @@ def _bind(
         generation=j.metadata.generation,
         now=now,
     )
-    j = writer.update_status(j)
     if moved is not None:
         was = ",".join(str(g) for g in moved.gpus)
         message += f" (moved from {moved.node} GPUs [{was}], where it was bound ahead)"
-    writer.record_event(j, "Scheduled", message, source=SOURCE)
-    return created.metadata.uid or ""
+    return attempt, message
 
 
 def _job_of(before: "placement.Allocation | placement.Request") -> str:
@@ -319,9 +348,10 @@ def _preempt(
     """Ask the victims' agents to stop them (CAS on each Binding) and say who did it."""
     who = f"{d.request.namespace}/{d.request.name}"
     for victim in d.victims:
-        attempt = world.bindings.get((victim.namespace, victim.binding))
-        if attempt is None or attempt.spec.stop_reason is not None:
+        shared = world.bindings.get((victim.namespace, victim.binding))
+        if shared is None or shared.spec.stop_reason is not None:
             continue
+        attempt = shared.model_copy(deep=True)
         attempt.spec.stop_reason = binding.STOP_PREEMPTED
         writer.update(attempt)
         owner = world.running.get((victim.namespace, victim.job))

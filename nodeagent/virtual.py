@@ -69,6 +69,14 @@ class _Pass:
     owners: dict[Key, job.Job]
     reports: list[binding.Binding] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)  # uids whose Exited report is in `reports`
+    # Uids of the Bindings read that are bound and not started (Pending or Starting): worked
+    # out once a pass, not once an attempt bound ahead (thousands of them at scale).
+    unstarted: set[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.unstarted = {
+            b.metadata.uid or "" for b in self.bindings if b.status.phase in ("Pending", "Starting")
+        }
 
 
 def node_names(count: int, prefix: str) -> list[str]:
@@ -327,12 +335,9 @@ class VirtualAgent:
         """Whether an attempt bound ahead must wait: one it starts after still "runs" here (it
         is then read again when that one ends), or is bound and not started yet. Otherwise its
         Running report, written with a compare-and-set, is how this agent takes it."""
-        unstarted = {
-            b.metadata.uid for b in work.bindings if b.status.phase in ("Pending", "Starting")
-        }
         for uid in bound.spec.after:
             running = uid in self.sims and uid not in work.ended
-            if running or (uid in unstarted and uid not in self.sims):
+            if running or (uid in work.unstarted and uid not in self.sims):
                 # Read again when it ends (one bound ahead itself may start later this pass).
                 self._waiting.setdefault(uid, set()).add((bound.namespace, bound.name))
                 return True
@@ -391,8 +396,9 @@ class VirtualAgent:
         try:
             with self.db.write() as session:
                 writer = store.Store(session)
-                for report in work.reports:
-                    writer.update_status(report)
+                with writer.batched():  # one statement for thousands of reports
+                    for report in work.reports:
+                        writer.update_status(report)
             self._note_written(writer)
         except errors.GctlError as exc:  # a Conflict, a deleted Binding, the database away
             log.debug("reporting %d attempt(s): %s; reading them again", len(work.reports), exc)

@@ -5,20 +5,31 @@ given (zero rows matched means Conflict), and appends the written object to the 
 Store methods take the session they are given and never commit: the caller owns the transaction.
 """
 
+import contextlib
 import json
 import random
 import time
-import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, Table, delete, exc, insert, select, update
+from sqlalchemy import (
+    Executable,
+    Result,
+    Row,
+    Table,
+    bindparam,
+    delete,
+    exc,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from gctl.api import binding, errors, event, job, meta, selector
-from gctl.store import db, driver, listing, schema, tables
+from gctl.store import db, driver, events, listing, schema, shared, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
@@ -43,10 +54,17 @@ class Change:
     object: dict[str, Any]
 
 
-# uid -> (resourceVersion, wire) of pending Jobs decoded before, shared by this process's
-# Stores; bounded, and emptied when full.
-_DECODED: dict[str, tuple[int, dict[str, Any]]] = {}
-_DECODED_MAX = 20_000
+_WHERE_KEYS = frozenset({"b_uid", "b_version"})  # the parameters of `_write_many`'s guard
+Occurrence = events.Occurrence
+
+
+@dataclass
+class _Batch:
+    """Writes a Store in `batched` mode has queued: status writes (with the wires the change
+    feed gets) and events."""
+
+    statuses: list[tuple[meta.Resource, dict[str, Any]]] = field(default_factory=list)
+    occurrences: list[events.Occurrence] = field(default_factory=list)
 
 
 def _table(kind: str) -> Table:
@@ -67,6 +85,42 @@ class Store:
         self.clock = clock
         self._revision: int | None = None
         self._dialect = session.get_bind().dialect.name
+        self._events = events.EventLog(self)
+        self._batch: _Batch | None = None  # queued writes, in `batched` mode
+
+    def execute(self, statement: Executable, params: Any = None) -> Result[Any]:
+        """Run one statement of the store's own (this module's and its helpers'), after the
+        writes queued in `batched` mode, so that it sees them and follows them."""
+        if self._batch is not None and (self._batch.statuses or self._batch.occurrences):
+            self._flush()
+        return self.session.execute(statement, params)
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Queue status writes (`update_status` of objects read from the store) and events,
+        and write them together, one statement per kind for all: when the block ends, or
+        before any other statement. For a transaction that writes many objects in a loop (the
+        controller's Jobs reconciled together, an agent's reports); the objects returned carry
+        their new resourceVersion at once. A stale object raises Conflict at the flush."""
+        if self._batch is not None:  # already batching: the outer block flushes
+            yield
+            return
+        self._batch = _Batch()
+        try:
+            yield
+            self._flush()
+        finally:
+            self._batch = None
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, None  # its own statements run at once
+        try:
+            if batch is not None and batch.statuses:
+                self._write_wires(batch.statuses, metadata=False)
+            if batch is not None and batch.occurrences:
+                self._events.record(batch.occurrences)
+        finally:
+            self._batch = _Batch() if batch is not None else None
 
     # -- the revision --------------------------------------------------------------------------
 
@@ -78,7 +132,7 @@ class Store:
         if self._dialect == "postgresql":
             from sqlalchemy import func
 
-            self.session.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
+            self.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
 
     @property
     def written_revision(self) -> int | None:
@@ -86,7 +140,7 @@ class Store:
         return self._revision
 
     def current_revision(self) -> int:
-        value = self.session.execute(select(_REVISION.c.revision)).scalar_one()
+        value = self.execute(select(_REVISION.c.revision)).scalar_one()
         return int(value)
 
     def _write_revision(self) -> int:
@@ -97,11 +151,11 @@ class Store:
                 .values(revision=_REVISION.c.revision + 1)
                 .returning(_REVISION.c.revision)
             )
-            self._revision = int(self.session.execute(statement).scalar_one())
+            self._revision = int(self.execute(statement).scalar_one())
             if self._dialect == "postgresql":
                 from sqlalchemy import func
 
-                self.session.execute(select(func.pg_notify(NOTIFY_CHANNEL, str(self._revision))))
+                self.execute(select(func.pg_notify(NOTIFY_CHANNEL, str(self._revision))))
         return self._revision
 
     def _record(self, change_type: str, wires: Iterable[dict[str, Any]]) -> None:
@@ -119,7 +173,7 @@ class Store:
             for wire in wires
         ]
         if rows:
-            self.session.execute(insert(_CHANGES), rows)
+            self.execute(insert(_CHANGES), rows)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -139,7 +193,7 @@ class Store:
             query = query.where(table.c.name.in_(names))
         if for_update and self._dialect == "postgresql":  # SQLite's writers are serial already
             query = query.with_for_update()
-        return self.session.execute(query.order_by(table.c.namespace, table.c.name)).all()
+        return self.execute(query.order_by(table.c.namespace, table.c.name)).all()
 
     def list_wire(
         self,
@@ -170,7 +224,7 @@ class Store:
                 raise ValueError(f"label key {key!r}: no double quotes")
             matches = func.json_extract(table.c.labels, f'$."{key}"') == value
         query = select(table).where(table.c.namespace == namespace_of(cls, namespace), matches)
-        rows = self.session.execute(query.order_by(table.c.name)).all()
+        rows = self.execute(query.order_by(table.c.name)).all()
         return [row_to_wire(cls, row) for row in rows]
 
     def list_objects(
@@ -189,7 +243,7 @@ class Store:
         if self._dialect == "postgresql":
             # Every writer locks the revision row first (its first write bumps it): so must
             # this one, before the objects, or it deadlocks with a writer waiting on them.
-            self.session.execute(select(_REVISION.c.revision).with_for_update())
+            self.execute(select(_REVISION.c.revision).with_for_update())
         rows = self._rows(cls, namespace, for_update=True)
         return [cls.model_validate(row_to_wire(cls, row)) for row in rows]
 
@@ -204,39 +258,61 @@ class Store:
         return found
 
     def pending_wires(self) -> list[dict[str, Any]]:
-        """Jobs waiting for a place, unvalidated: higher priority first, then older first.
-
-        The scheduler reads the whole queue at every pass, and decoding it cost more than the
-        rest of a pass: so this reads uid and resourceVersion first, and decodes only the Jobs
-        it has not seen in that version (`_DECODED`). The wires returned are shared: read them,
-        never change them."""
+        """Jobs waiting for a place, unvalidated: higher priority first, then older first. A
+        shared read (`shared`): read them, never change them."""
         table = _table(job.Job.KIND)
         order = (table.c.priority.desc(), table.c.created_at, table.c.name)
-        pending = select(table).where(table.c.phase == "Pending").order_by(*order)
-        keys = self.session.execute(
-            select(table.c.uid, table.c.resource_version)
-            .where(table.c.phase == "Pending")
-            .order_by(*order)
-        ).all()
-        if len(keys) > _DECODED_MAX:  # too many to keep: decode them all, as they come
-            return [row_to_wire(job.Job, r) for r in self.session.execute(pending)]
-        missing = [uid for uid, version in keys if _DECODED.get(uid, (None,))[0] != version]
-        if len(_DECODED) + len(missing) > _DECODED_MAX:
-            _DECODED.clear()
-            missing = [uid for uid, _ in keys]
-        for start in range(0, len(missing), 500):
-            chunk = missing[start : start + 500]
-            for row in self.session.execute(select(table).where(table.c.uid.in_(chunk))):
-                _DECODED[row.uid] = (row.resource_version, row_to_wire(job.Job, row))
-        # On PostgreSQL a Job may have changed, left the queue or gone between the two reads:
-        # then the newer row stands, and a Job no longer Pending is left out.
-        found = [_DECODED[uid][1] for uid, _ in keys if uid in _DECODED]
-        return [w for w in found if w["status"].get("phase", "Pending") == "Pending"]
+        return shared.wires(self.execute, job.Job, [table.c.phase == "Pending"], order)
+
+    def shared_wires(
+        self, cls: type[meta.Resource], namespace: str, names: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """The named objects of one namespace in wire form, by a shared read: read them, never
+        change them."""
+        table = _table(cls.KIND)
+        where = [table.c.namespace == namespace_of(cls, namespace), table.c.name.in_(names)]
+        return shared.wires(self.execute, cls, where, (table.c.name,))
+
+    def shared_objects(self, cls: type[T]) -> list[T]:
+        """Every object of a kind, sorted by namespace and name, by a shared read: the objects
+        are shared too, validated once per version; read them, never change them."""
+        table = _table(cls.KIND)
+        return shared.objects(self.execute, cls, [], (table.c.namespace, table.c.name))
+
+    def shared_active_bindings(self) -> list[binding.Binding]:
+        """`active_bindings()` by a shared read: read them, never change them (copy first)."""
+        table = _table(binding.Binding.KIND)
+        where = [table.c.phase.in_(sorted(binding.ACTIVE_PHASES))]
+        order = (table.c.namespace, table.c.name)
+        return shared.objects(self.execute, binding.Binding, where, order)
+
+    def find_many(self, cls: type[T], namespace: str, names: Sequence[str]) -> list[T]:
+        """The named objects of one namespace that exist, sorted by name."""
+        found: list[T] = []
+        ordered = sorted(set(names))
+        for start in range(0, len(ordered), 500):
+            rows = self._rows(cls, namespace_of(cls, namespace), ordered[start : start + 500])
+            found.extend(cls.model_validate(row_to_wire(cls, row)) for row in rows)
+        return found
+
+    def bindings_of_many(self, job_uids: Sequence[str]) -> dict[str, list[binding.Binding]]:
+        """`bindings_of` for many Jobs at once, by Job uid (a Job with none is left out)."""
+        table = _table(binding.Binding.KIND)
+        found: dict[str, list[binding.Binding]] = {}
+        ordered = sorted(set(job_uids))
+        for start in range(0, len(ordered), 500):
+            chunk = ordered[start : start + 500]
+            for row in self.execute(select(table).where(table.c.job_uid.in_(chunk))):
+                b = binding.Binding.model_validate(row_to_wire(binding.Binding, row))
+                found.setdefault(row.job_uid, []).append(b)
+        for attempts in found.values():
+            attempts.sort(key=lambda b: b.spec.attempt)
+        return found
 
     def bindings_of(self, job_uid: str) -> list[binding.Binding]:
         """Every attempt of one Job, oldest first."""
         table = _table(binding.Binding.KIND)
-        rows = self.session.execute(select(table).where(table.c.job_uid == job_uid)).all()
+        rows = self.execute(select(table).where(table.c.job_uid == job_uid)).all()
         found = [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
         return sorted(found, key=lambda b: b.spec.attempt)
 
@@ -248,13 +324,13 @@ class Store:
         query = select(table).where(table.c.phase.in_(sorted(phases)))
         if node_name is not None:
             query = query.where(table.c.node == node_name)
-        rows = self.session.execute(query).all()
+        rows = self.execute(query).all()
         return [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
 
     def any_queued_bindings(self) -> bool:
         """Whether some attempt is bound ahead and not yet taken by its agent."""
         table = _table(binding.Binding.KIND)
-        rows = self.session.execute(select(table.c.spec).where(table.c.phase == "Pending"))
+        rows = self.execute(select(table.c.spec).where(table.c.phase == "Pending"))
         return any(
             (json.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
             for (spec,) in rows
@@ -274,7 +350,7 @@ class Store:
             query = select(_CHANGES).where(_CHANGES.c.id > after_id)
         if kinds is not None:
             query = query.where(_CHANGES.c.kind.in_(list(kinds)))
-        rows = self.session.execute(query.order_by(_CHANGES.c.id).limit(limit)).all()
+        rows = self.execute(query.order_by(_CHANGES.c.id).limit(limit)).all()
         return [
             Change(r.id, r.revision, r.type, r.kind, r.namespace, r.name, r.uid, r.object)
             for r in rows
@@ -299,7 +375,7 @@ class Store:
             by_kind.setdefault(obj.KIND, []).append(row)
         for kind, rows in by_kind.items():
             try:
-                self.session.execute(insert(_table(kind)), rows)
+                self.execute(insert(_table(kind)), rows)
             except exc.IntegrityError:
                 names = ", ".join(repr(row["name"]) for row in rows[:3])
                 raise errors.AlreadyExists(f"{kind} {names} already exists") from None
@@ -325,32 +401,84 @@ class Store:
     def update_status(self, obj: T) -> T:
         """Write status only; the generation never moves.
 
-        The hot path of the controller and the agent, so one statement: an object read from
-        the store carries its uid and resourceVersion, and while that version is current the
-        stored spec and metadata are the object's own (its spec must hold no unsaved change).
-        Only when the guarded UPDATE matches nothing is the row read, to say why."""
+        The hot path of the controller and the agent, so one statement (and in `batched` mode
+        one for many): an object read from the store carries its uid and resourceVersion, and
+        while that version is current the stored spec and metadata are the object's own (its
+        spec must hold no unsaved change). Only when the guarded UPDATE matches nothing is the
+        row read, to say why."""
         uid, version = obj.metadata.uid, obj.metadata.resource_version
         if uid is None or version is None:
             current = self._current(obj)
             status = obj.wire()["status"]
             values = {"status": status} | schema.derived(obj.KIND, current.spec, status)
             return self._guarded_update(obj, current, values)
-        wire = obj.wire()
-        table = _table(obj.KIND)
-        values = {"status": wire["status"]} | schema.derived(obj.KIND, wire["spec"], wire["status"])
         revision = self._write_revision()
-        result = self.session.execute(
-            update(table)
-            .where(table.c.uid == uid, table.c.resource_version == int(version))
-            .values(**values, resource_version=revision)
-        )
-        if result.rowcount == 0:  # type: ignore[attr-defined]
-            self._current(obj)  # NotFound, or Conflict: someone wrote since it was read
-            raise errors.Conflict(_stale(obj))
-        wire["metadata"]["resourceVersion"] = str(revision)
-        self._record("MODIFIED", [wire])
+        if self._batch is not None:
+            self._batch.statuses.append((obj, obj.wire()))
+        else:
+            self._write_wires([(obj, obj.wire())], metadata=False)
         metadata = obj.metadata.model_copy(update={"resource_version": str(revision)})
         return obj.model_copy(update={"metadata": metadata})
+
+    def write_back(self, objs: Sequence[T]) -> list[T]:
+        """Write the metadata (labels, annotations, finalizers, owners) and status of objects
+        read from the store, in one statement per kind; their specs must be as read (not
+        written: the generation does not move). Each write is guarded by the object's
+        resourceVersion: Conflict if any of them changed since it was read. Not for an object
+        being deleted whose last finalizer goes (`update` removes it)."""
+        for obj in objs:
+            if obj.metadata.deletion_timestamp is not None and not obj.metadata.finalizers:
+                raise ValueError(f"{obj.KIND} {obj.name}: its last finalizer goes: update it")
+        self._write_wires([(obj, obj.wire()) for obj in objs], metadata=True)
+        revision = str(self._write_revision()) if objs else None
+        return [
+            obj.model_copy(
+                update={"metadata": obj.metadata.model_copy(update={"resource_version": revision})}
+            )
+            for obj in objs
+        ]
+
+    def _write_wires(
+        self, written: Sequence[tuple[meta.Resource, dict[str, Any]]], *, metadata: bool
+    ) -> None:
+        """Write the status (and with `metadata`, the metadata) of objects read from the store,
+        each as its wire was when the write was asked for: one guarded statement per kind for
+        all of them, and one change-feed insert. Conflict (or NotFound) if any was written
+        since it was read, and then nothing of them is."""
+        if not written:
+            return
+        revision = self._write_revision()
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        wires = []
+        for obj, wire in written:
+            uid, version = obj.metadata.uid, obj.metadata.resource_version
+            if uid is None or version is None:
+                raise ValueError(f"{obj.KIND} {obj.name}: write back only objects read")
+            values = _wire_values(obj.KIND, wire)
+            values.pop("spec")
+            if not metadata:
+                values = {k: v for k, v in values.items() if k not in _METADATA_COLUMNS}
+            by_kind.setdefault(obj.KIND, []).append(
+                {"b_uid": uid, "b_version": int(version)} | {f"b_{k}": v for k, v in values.items()}
+            )
+            wire["metadata"]["resourceVersion"] = str(revision)
+            wires.append(wire)
+        for kind, params in by_kind.items():
+            table = _table(kind)
+            columns = [key.removeprefix("b_") for key in params[0] if key not in _WHERE_KEYS]
+            statement = (
+                update(table)
+                .where(table.c.uid == bindparam("b_uid"))
+                .where(table.c.resource_version == bindparam("b_version"))
+                .values({c: bindparam(f"b_{c}") for c in columns} | {"resource_version": revision})
+            )
+            result = self.execute(statement, params)
+            if result.rowcount != len(params):  # type: ignore[attr-defined]
+                for obj, _ in written:
+                    if kind == obj.KIND:
+                        self._current(obj)  # NotFound, or Conflict: written since it was read
+                raise errors.Conflict(f"some of {len(params)} {kind}s were modified: retry")
+        self._record("MODIFIED", wires)
 
     def delete(
         self,
@@ -381,7 +509,7 @@ class Store:
     def _remove(self, cls: type[T], obj: T) -> T:
         table = _table(cls.KIND)
         revision = self._write_revision()  # the revision row first, as every writer locks it
-        result = self.session.execute(
+        result = self.execute(
             delete(table).where(
                 table.c.uid == obj.metadata.uid,
                 table.c.resource_version == int(obj.metadata.resource_version or -1),
@@ -412,7 +540,7 @@ class Store:
         cls = type(obj)
         table = _table(cls.KIND)
         revision = self._write_revision()
-        result = self.session.execute(
+        result = self.execute(
             update(table)
             .where(table.c.uid == current.uid, table.c.resource_version == current.resource_version)
             .values(**values, resource_version=revision)
@@ -433,68 +561,49 @@ class Store:
         *,
         type_: str = "Normal",
         source: str = "",
-    ) -> event.Event:
-        """Record what happened to an object; a repeat of the latest one bumps its count."""
-        now = self.clock()
-        namespace = involved.metadata.namespace or meta.DEFAULT_NAMESPACE
-        table = _table("Event")
-        latest = self.session.execute(
-            select(table)
-            .where(table.c.involved_uid == involved.metadata.uid)
-            .order_by(table.c.created_at.desc(), table.c.resource_version.desc())
-            .limit(1)
-        ).first()
-        if latest is not None:
-            previous = event.Event.model_validate(row_to_wire(event.Event, latest))
-            spec = previous.spec
-            if (spec.type, spec.reason, spec.message) == (type_, reason, message):
-                previous.spec = spec.model_copy(
-                    update={"count": spec.count + 1, "last_timestamp": now}
-                )
-                return self.update(previous)
-        new = event.Event(
-            metadata=meta.ObjectMeta(
-                name=f"{involved.name}.{uuid.uuid4().hex[:12]}", namespace=namespace
-            ),
-            spec=event.EventSpec(
-                involved_object=event.ObjectReference(
-                    kind=involved.KIND,
-                    name=involved.name,
-                    namespace=involved.metadata.namespace,
-                    uid=involved.metadata.uid,
-                ),
-                type="Warning" if type_ == "Warning" else "Normal",
-                reason=reason,
-                message=message,
-                source=source,
-                first_timestamp=now,
-                last_timestamp=now,
-            ),
-        )
-        return self.create(new)
+    ) -> None:
+        """Record what happened to an object; a repeat of the latest one bumps its count. In
+        `batched` mode it is written with the batch."""
+        occurrence = events.Occurrence(involved, reason, message, type_, source)
+        if self._batch is not None:
+            self._batch.occurrences.append(occurrence)
+        else:
+            self._events.record([occurrence])
+
+    def prefetch_events(self, uids: Sequence[str]) -> None:
+        """Read the latest event of each object (by uid) in one query, for the events this
+        transaction records about them to compare with (`events`)."""
+        self._events.prefetch(uids)
+
+    def record_events(self, occurrences: Sequence[events.Occurrence]) -> list[event.Event]:
+        """`record_event` for many at once: one read of the objects' latest events, and the
+        new ones written together."""
+        if self._batch is not None:  # the queued ones first: they happened before
+            self._flush()
+        return self._events.record(occurrences)
 
     def events_for(self, involved: meta.Resource, limit: int = 50) -> list[event.Event]:
-        table = _table("Event")
-        rows = self.session.execute(
-            select(table)
-            .where(table.c.involved_uid == involved.metadata.uid)
-            .order_by(table.c.created_at.desc())
-            .limit(limit)
-        ).all()
-        return [event.Event.model_validate(row_to_wire(event.Event, r)) for r in reversed(rows)]
+        return self._events.of(involved, limit)
+
+
+_METADATA_COLUMNS = frozenset({"labels", "annotations", "finalizers", "owner_references"})
 
 
 def _values(obj: meta.Resource) -> dict[str, Any]:
-    wire = obj.wire()
-    spec, status = wire.get("spec", {}), wire.get("status", {})
+    return _wire_values(obj.KIND, obj.wire())
+
+
+def _wire_values(kind: str, wire: dict[str, Any]) -> dict[str, Any]:
+    """The columns of an object's row, from its wire form."""
+    spec, status, metadata = wire.get("spec", {}), wire.get("status", {}), wire["metadata"]
     return {
-        "labels": obj.metadata.labels,
-        "annotations": obj.metadata.annotations,
-        "finalizers": obj.metadata.finalizers,
-        "owner_references": wire["metadata"].get("ownerReferences", []),
+        "labels": metadata.get("labels", {}),
+        "annotations": metadata.get("annotations", {}),
+        "finalizers": metadata.get("finalizers", []),
+        "owner_references": metadata.get("ownerReferences", []),
         "spec": spec,
         "status": status,
-        **schema.derived(obj.KIND, spec, status),
+        **schema.derived(kind, spec, status),
     }
 
 

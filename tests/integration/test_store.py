@@ -136,6 +136,149 @@ def test_events_aggregate_repeats(database: db.Database) -> None:
     ]
 
 
+def test_events_recorded_together_aggregate_with_stored_ones_and_each_other(
+    database: db.Database,
+) -> None:
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    with database.write() as session:
+        store.Store(session).record_event(a, "Scheduled", "attempt 1")
+    with database.write() as session:
+        recorded = store.Store(session).record_events(
+            [
+                store.Occurrence(a, "Scheduled", "attempt 1"),  # repeats the stored one
+                store.Occurrence(b, "Scheduled", "attempt 1"),
+                store.Occurrence(b, "Scheduled", "attempt 1"),  # repeats the one before
+                store.Occurrence(b, "Started", "pid 7", "Warning"),
+            ]
+        )
+    assert [(e.spec.reason, e.spec.count) for e in recorded] == [
+        ("Scheduled", 2),
+        ("Scheduled", 2),
+        ("Scheduled", 2),
+        ("Started", 1),
+    ]
+    with database.read() as session:
+        reader = store.Store(session)
+        assert [(e.spec.reason, e.spec.count) for e in reader.events_for(a)] == [("Scheduled", 2)]
+        assert [(e.spec.reason, e.spec.count, e.spec.type) for e in reader.events_for(b)] == [
+            ("Scheduled", 2, "Normal"),
+            ("Started", 1, "Warning"),
+        ]
+
+
+def test_write_back_writes_metadata_and_status_of_many_and_refuses_a_stale_one(
+    database: db.Database,
+) -> None:
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    for j in (a, b):
+        j.metadata.finalizers = ["gctl/stop-process"]
+        j.status.phase = "Scheduled"
+    with database.write() as session:
+        written = store.Store(session).write_back([a, b])
+    with database.read() as session:
+        reader = store.Store(session)
+        read = [reader.get(job.Job, name) for name in ("a", "b")]
+        assert [w["metadata"]["name"] for w in reader.pending_wires()] == []
+    assert [(j.status.phase, j.metadata.finalizers, j.metadata.generation) for j in read] == [
+        ("Scheduled", ["gctl/stop-process"], 1)
+    ] * 2
+    assert [j.metadata.resource_version for j in read] == [
+        j.metadata.resource_version for j in written
+    ]
+    # `a` as first read is stale now: nothing of the batch is written
+    a.status.phase, written[1].status.phase = "Running", "Running"
+    with pytest.raises(errors.Conflict), database.write() as session:
+        store.Store(session).write_back([written[1], a])
+    with database.read() as session:
+        assert store.Store(session).get(job.Job, "b").status.phase == "Scheduled"
+
+
+def test_batched_writes_land_together_and_are_seen_by_the_next_statement(
+    database: db.Database,
+) -> None:
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    with database.read() as session:
+        since = store.Store(session).current_revision()
+    with database.write() as session:
+        writer = store.Store(session)
+        with writer.batched():
+            a.status.phase = "Scheduled"
+            written = writer.update_status(a)
+            writer.record_event(written, "Scheduled", "attempt 1")
+            a.status.phase = "Running"  # after the call: not what was queued
+            b.status.phase = "Scheduled"
+            writer.update_status(b)
+            writer.record_event(b, "Scheduled", "attempt 1")
+            # A statement in the block sees what was queued before it.
+            assert writer.get(job.Job, "a").status.phase == "Scheduled"
+            writer.record_event(written, "Scheduled", "attempt 1")  # a repeat: counted
+        assert written.metadata.resource_version == str(writer.written_revision)
+    with database.read() as session:
+        reader = store.Store(session)
+        read = {j.name: j for j in reader.list_objects(job.Job)}
+        changes = reader.changes_since(since)
+        counts = {name: [e.spec.count for e in reader.events_for(read[name])] for name in "ab"}
+    assert {n: (j.status.phase, j.metadata.generation) for n, j in read.items()} == {
+        "a": ("Scheduled", 1),
+        "b": ("Scheduled", 1),
+    }
+    assert read["a"].metadata.resource_version == written.metadata.resource_version
+    assert counts == {"a": [2], "b": [1]}
+    modified = [(c.kind, c.name) for c in changes if c.type == "MODIFIED"]
+    assert modified[:2] == [("Job", "a"), ("Job", "b")]
+    assert {c.revision for c in changes} == {int(written.metadata.resource_version or 0)}
+
+
+def test_a_stale_object_in_a_batch_fails_it_whole(database: db.Database) -> None:
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    stale = b.model_copy(deep=True)
+    b.spec.priority = 3
+    with database.write() as session:
+        store.Store(session).update(b)
+    a.status.phase = stale.status.phase = "Scheduled"
+
+    def batch(writer: store.Store) -> None:
+        with writer.batched():
+            writer.update_status(a)
+            writer.update_status(stale)
+
+    with pytest.raises(errors.Conflict):
+        store.transact(database, batch, attempts=1)
+    with database.read() as session:
+        assert [j.status.phase for j in store.Store(session).list_objects(job.Job)] == [
+            "Pending",
+            "Pending",
+        ]
+
+
+def test_shared_reads_follow_every_version_and_leave_out_what_stopped_matching(
+    database: db.Database,
+) -> None:
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    with database.read() as session:
+        reader = store.Store(session)
+        assert [w["metadata"]["name"] for w in reader.pending_wires()] == ["a", "b"]
+        first = reader.shared_objects(job.Job)
+    a.spec.priority = 5
+    b.status.phase = "Scheduled"
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.update(a)
+        writer.update_status(b)
+    with database.read() as session:
+        reader = store.Store(session)
+        pending = reader.pending_wires()
+        again = reader.shared_objects(job.Job)
+        unchanged = reader.shared_wires(job.Job, "default", ["b"])
+    assert [(w["metadata"]["name"], w["spec"].get("priority")) for w in pending] == [("a", 5)]
+    assert [(j.name, j.spec.priority, j.status.phase) for j in again] == [
+        ("a", 5, "Pending"),
+        ("b", 0, "Scheduled"),
+    ]
+    assert again[1] is not first[1]  # a new version: validated again
+    assert unchanged[0]["status"]["phase"] == "Scheduled"
+
+
 def test_change_feed_is_ordered_resumable_and_keeps_deletions(database: db.Database) -> None:
     _create(database, make_job("a").build(), make_job("b").build())
     with database.read() as session:

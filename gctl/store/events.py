@@ -1,0 +1,127 @@
+"""Events: what happened to an object and why, as one transaction records them.
+
+A repeat of an object's latest event (same type, reason and message) bumps that event's count
+and last time instead of adding one, as Kubernetes aggregates events. To compare, a
+transaction reads each object's latest event once (`prefetch`, one query for many objects)
+and from then on knows it, since every event it writes goes through here.
+"""
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, NamedTuple
+
+from sqlalchemy import select
+
+from gctl.api import event, meta
+from gctl.store import listing, tables
+
+if TYPE_CHECKING:
+    from gctl.store import store
+
+CHUNK = 500  # uids in one IN list
+
+
+class Occurrence(NamedTuple):
+    """What happened to an object, for `Store.record_events`."""
+
+    involved: meta.Resource
+    reason: str
+    message: str = ""
+    type_: str = "Normal"
+    source: str = ""
+
+
+class EventLog:
+    """The events of one Store's transaction: the latest of each object it read or wrote."""
+
+    def __init__(self, writer: "store.Store") -> None:
+        self._writer = writer
+        self._latest: dict[str, event.Event] = {}  # by the involved object's uid
+        self._read: set[str] = set()  # uids whose latest event was read
+
+    def prefetch(self, uids: Sequence[str]) -> None:
+        """Read the latest event of each object (by uid) not read yet in this transaction, in
+        one query for all."""
+        table = tables.table_of(event.Event.KIND)
+        wanted = sorted(set(uids) - self._read)
+        self._read.update(wanted)
+        for start in range(0, len(wanted), CHUNK):
+            rows = self._writer.execute(
+                select(table)
+                .where(table.c.involved_uid.in_(wanted[start : start + CHUNK]))
+                .order_by(table.c.created_at, table.c.resource_version)
+            )
+            for row in rows:  # the last one of each object stands
+                wire = listing.row_to_wire(event.Event.INFO, row._mapping)
+                self._latest[row.involved_uid] = event.Event.model_validate(wire)
+
+    def record(self, occurrences: Sequence[Occurrence]) -> list[event.Event]:
+        """Record each occurrence: a repeat of the object's latest event (stored, or recorded
+        earlier in this same call) bumps its count; the new events are written together."""
+        writer = self._writer
+        now = writer.clock()
+        self.prefetch([o.involved.metadata.uid or "" for o in occurrences])
+        latest = self._latest
+        recorded: list[event.Event | int] = []  # an event, or the position of a new one
+        new: list[event.Event] = []
+        for o in occurrences:
+            uid = o.involved.metadata.uid or ""
+            type_ = "Warning" if o.type_ == "Warning" else "Normal"
+            previous = latest.get(uid)
+            if previous is not None and (
+                (previous.spec.type, previous.spec.reason, previous.spec.message)
+                == (type_, o.reason, o.message)
+            ):
+                previous.spec = previous.spec.model_copy(
+                    update={"count": previous.spec.count + 1, "last_timestamp": now}
+                )
+                if previous.metadata.uid is not None:  # stored before: write the count now
+                    previous = latest[uid] = writer.update(previous)
+                recorded.append(previous if previous.metadata.uid else new.index(previous))
+                continue
+            latest[uid] = _new_event(o, now)
+            recorded.append(len(new))
+            new.append(latest[uid])
+        created = writer.create_many(new)
+        for made in created:  # in order: the last one of each object stands
+            latest[made.spec.involved_object.uid or ""] = made
+        return [created[r] if isinstance(r, int) else r for r in recorded]
+
+    def of(self, involved: meta.Resource, limit: int = 50) -> list[event.Event]:
+        """The object's latest events, oldest first."""
+        table = tables.table_of(event.Event.KIND)
+        rows = self._writer.execute(
+            select(table)
+            .where(table.c.involved_uid == involved.metadata.uid)
+            .order_by(table.c.created_at.desc())
+            .limit(limit)
+        ).all()
+        return [
+            event.Event.model_validate(listing.row_to_wire(event.Event.INFO, r._mapping))
+            for r in reversed(rows)
+        ]
+
+
+def _new_event(o: Occurrence, now: datetime) -> event.Event:
+    involved = o.involved
+    return event.Event(
+        metadata=meta.ObjectMeta(
+            name=f"{involved.name}.{uuid.uuid4().hex[:12]}",
+            namespace=involved.metadata.namespace or meta.DEFAULT_NAMESPACE,
+        ),
+        spec=event.EventSpec(
+            involved_object=event.ObjectReference(
+                kind=involved.KIND,
+                name=involved.name,
+                namespace=involved.metadata.namespace,
+                uid=involved.metadata.uid,
+            ),
+            type="Warning" if o.type_ == "Warning" else "Normal",
+            reason=o.reason,
+            message=o.message,
+            source=o.source,
+            first_timestamp=now,
+            last_timestamp=now,
+        ),
+    )

@@ -1,0 +1,73 @@
+"""Shared reads: rows a daemon reads again and again, decoded once per version and kept.
+
+The scheduler reads the whole queue, every Node and every attempt holding GPUs at every pass,
+and decoding those rows cost more than the rest of its work. A shared read asks for uid and
+resourceVersion first and decodes (and, for objects, validates) only the rows it has not seen
+in that version. What it returns is shared by the process's Stores: read it, never change it
+(copy first). The Store's `pending_wires`, `shared_wires`, `shared_objects` and
+`shared_active_bindings` are the ways in (docs/decisions.md).
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Executable, Result, select
+
+from gctl.api import meta
+from gctl.store import listing, tables
+
+T = TypeVar("T", bound=meta.Resource)
+Execute = Callable[[Executable], Result[Any]]
+
+# uid -> (resourceVersion, wire) of rows decoded before, and uid -> (resourceVersion, object)
+# of those validated before: shared by this process's Stores; bounded, and emptied when full.
+# A uid is unique across kinds.
+_DECODED: dict[str, tuple[int, dict[str, Any]]] = {}
+_VALIDATED: dict[str, tuple[int, meta.Resource]] = {}
+MAX_KEPT = 30_000
+CHUNK = 500  # uids in one IN list
+
+
+def objects(execute: Execute, cls: type[T], where: Sequence[Any], order: Sequence[Any]) -> list[T]:
+    """The objects that match `where`, in `order`, validated once per version."""
+    found = []
+    for w in wires(execute, cls, where, order):
+        uid, version = w["metadata"]["uid"], int(w["metadata"]["resourceVersion"])
+        cached = _VALIDATED.get(uid)
+        if cached is None or cached[0] != version:
+            if len(_VALIDATED) >= MAX_KEPT:
+                _VALIDATED.clear()
+            cached = _VALIDATED[uid] = (version, cls.model_validate(w))
+        found.append(cached[1])
+    return found  # type: ignore[return-value]  # validated as `cls`, under its uid
+
+
+def wires(
+    execute: Execute, cls: type[meta.Resource], where: Sequence[Any], order: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """The rows that match `where`, in wire form, in `order`."""
+    table = tables.table_of(cls.KIND)
+    keys = execute(
+        select(table.c.uid, table.c.resource_version).where(*where).order_by(*order)
+    ).all()
+    if len(keys) > MAX_KEPT:  # too many to keep: decode them all, as they come
+        rows = execute(select(table).where(*where).order_by(*order))
+        return [listing.row_to_wire(cls.INFO, r._mapping) for r in rows]
+    found: dict[str, dict[str, Any]] = {}  # of this read: another thread may empty the cache
+    missing = []
+    for key in keys:
+        entry = _DECODED.get(key.uid)
+        if entry is not None and entry[0] == key.resource_version:
+            found[key.uid] = entry[1]
+        else:
+            missing.append(key.uid)
+    if len(_DECODED) + len(missing) > MAX_KEPT:
+        _DECODED.clear()
+    for start in range(0, len(missing), CHUNK):
+        chunk = missing[start : start + CHUNK]
+        for row in execute(select(table).where(*where, table.c.uid.in_(chunk))):
+            found[row.uid] = listing.row_to_wire(cls.INFO, row._mapping)
+            _DECODED[row.uid] = (row.resource_version, found[row.uid])
+    # On PostgreSQL a row may have changed, stopped matching or gone between the two reads:
+    # then the newer row stands, and one that no longer matches is left out.
+    return [found[key.uid] for key in keys if key.uid in found]
