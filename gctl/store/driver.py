@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gctl.api import errors
-from gctl.store import listing, locations, notify, schema
+from gctl.store import listing, locations, notify, schema, writers
 
 if TYPE_CHECKING:
     from gctl.api import meta
@@ -192,7 +192,8 @@ def run(url: str, work: "Callable[[Transaction], R | None]", *, write: bool) -> 
         conn = connect(path)
     except sqlite3.Error:
         return None  # the Store's path says what is wrong, in its own words
-    with contextlib.closing(conn):  # closing without COMMIT rolls back
+    turn = writers.file_turn(locations.writers_path(path)) if write else contextlib.nullcontext()
+    with turn, contextlib.closing(conn):  # closing without COMMIT rolls back
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:  # locked for longer than the busy timeout

@@ -150,7 +150,7 @@ def read_pages(
         from psycopg.rows import dict_row
 
         try:
-            pg = psycopg.connect(conninfo, row_factory=dict_row)
+            pg = psycopg.connect(conninfo, row_factory=dict_row, prepare_threshold=None)
             pg.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             current = _version(pg.execute("SELECT version_num FROM alembic_version"))
         except psycopg.Error:
@@ -223,7 +223,7 @@ def _read_postgres(
     from psycopg.rows import dict_row
 
     try:
-        conn = psycopg.connect(conninfo, row_factory=dict_row)
+        conn = psycopg.connect(conninfo, row_factory=dict_row, prepare_threshold=None)
     except psycopg.Error:
         return None  # the full path reports the error in its own words
     with conn:

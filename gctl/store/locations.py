@@ -36,6 +36,11 @@ def notify_path(sqlite_file: Path) -> Path:
     return sqlite_file.with_name(sqlite_file.name + "-notify")
 
 
+def writers_path(sqlite_file: Path) -> Path:
+    """The file whose flock SQLite writers take turns on (gctl.store.writers)."""
+    return sqlite_file.with_name(sqlite_file.name + "-writers")
+
+
 def libpq_url(url: str) -> str | None:
     """A `postgresql+psycopg://` URL as libpq takes it, or None for any other database."""
     for prefix in ("postgresql+psycopg://", "postgresql://"):
