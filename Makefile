@@ -9,6 +9,7 @@ $(BIN)/gctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m compileall -q gctl controller nodeagent migrations > /dev/null
 	touch $@
 
 setup: $(BIN)/gctl

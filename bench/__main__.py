@@ -11,6 +11,7 @@ timing is over budget; 0 otherwise.
 """
 
 import argparse
+import compileall
 import json
 import math
 import os
@@ -198,6 +199,15 @@ def exit_code(results: Sequence[Result], strict: bool) -> int:
     return 1 if broken or (strict and slow) else 0
 
 
+def compile_bytecode() -> None:
+    """Compile gctl's modules to bytecode, as `pip install` of a wheel does: an editable
+    install run with PYTHONDONTWRITEBYTECODE=1 would otherwise compile about 30 modules from
+    source at every `gctl` command the benchmarks time (40 ms of a 200 ms `gctl apply`)."""
+    root = Path(__file__).resolve().parent.parent
+    for package in ("gctl", "controller", "nodeagent", "migrations"):
+        compileall.compile_dir(root / package, quiet=2)
+
+
 def is_trace(arg: str) -> bool:
     return arg.endswith(".csv") or Path(arg).is_file()
 
@@ -208,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replay.main(argv[1:])  # `replay TRACE.csv ...`: a replay of one's own trace
     args = parse_args(argv)
     backend = "postgresql" if args.db else "sqlite"
+    compile_bytecode()
     start = time.perf_counter()
     with scratch(args.db) as ctx:
         results = run(args.names, ctx)
