@@ -98,7 +98,7 @@ def _gpus_taken(database: db.Database) -> float:
     taken: dict[tuple[str, int], float] = defaultdict(float)
     with database.read() as session:
         for attempt in store.Store(session).active_bindings():
-            if binding.queued(attempt.spec, attempt.status):
+            if binding.movable(attempt.spec, attempt.status):
                 continue  # bound ahead: the next job of its GPUs, holding none of them yet
             for index in attempt.spec.gpus:
                 taken[(attempt.spec.node, index)] += attempt.spec.gpu_share
@@ -125,7 +125,7 @@ def _one_exit(database: db.Database, now: datetime) -> None:
         attempt = next(
             b
             for b in writer.active_bindings()
-            if b.spec.gpu_share == 1.0 and not binding.queued(b.spec, b.status)
+            if b.spec.gpu_share == 1.0 and not binding.movable(b.spec, b.status)
         )
         attempt.status.phase = "Exited"
         attempt.status.exit_code = 0

@@ -130,6 +130,15 @@ def _stop(writer: store.Store, attempt: binding.Binding, reason: str) -> None:
         writer.update(attempt)
 
 
+def ask_back(writer: store.Store, attempt: binding.Binding) -> None:
+    """Ask the agent for an Armed attempt back (`spec.disarm`): it takes it from its
+    supervisor if the job has not started, and reports it Pending, queued again; what was
+    wanted of it is done then. An attempt whose job started meanwhile is Running instead."""
+    if not attempt.spec.disarm:
+        attempt.spec.disarm = True
+        writer.update(attempt)
+
+
 def _withdraw(writer: store.Store, j: job.Job, attempt: binding.Binding) -> None:
     """Take back an attempt bound ahead that its agent has not taken: it never started, so it
     is removed (exactly as read: if its agent took it meanwhile, this conflicts and the next
@@ -166,8 +175,15 @@ def _follow_active(
             _withdraw(writer, j, active)
             message = f"attempt {active.spec.attempt}, bound ahead, withdrawn: suspended"
             _requeue(writer, j, "Suspended", message, now)
+        elif binding.armed(active.status):
+            ask_back(writer, active)  # then withdrawn, as above: it never started
         else:
             _stop(writer, active, binding.STOP_SUSPENDED)
+        return None
+    armed_with = active.status.observed_generation
+    if binding.armed(active.status) and armed_with not in (None, j.metadata.generation):
+        # Its supervisor holds a launch made from an older spec: taken back, and armed anew.
+        ask_back(writer, active)
         return None
     if active.status.phase == "Running" and j.status.phase != "Running":
         j.status.phase = "Running"
@@ -296,6 +312,9 @@ def _rerun(
     if active is not None and binding.queued(active.spec, active.status):
         _withdraw(writer, j, active)  # it never started: it runs as the re-run
         active = None
+    if active is not None and binding.armed(active.status):
+        ask_back(writer, active)  # then withdrawn, as above
+        return
     if active is not None:
         if active.spec.stop_reason is None:  # else it is stopping already: wait for it
             _stop(writer, active, binding.STOP_RERUN)

@@ -176,8 +176,9 @@ class Controller:
             elif change.kind == "Binding":
                 keys.add(("Job", change.namespace, change.object["spec"]["jobName"]))
                 phase = change.object["status"].get("phase", "Pending")
-                if change.type == "DELETED" or phase not in binding.ACTIVE_PHASES:
-                    keys.add(SCHEDULE)
+                given_back = phase == "Pending" and change.object["spec"].get("disarm")
+                if change.type == "DELETED" or phase not in binding.ACTIVE_PHASES or given_back:
+                    keys.add(SCHEDULE)  # GPUs freed, or an attempt to move or arm again
             elif change.kind == "Node":
                 keys.add(("Node", "", change.name))
                 shape = None if change.type == "DELETED" else _node_shape(change.object)

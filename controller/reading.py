@@ -182,7 +182,7 @@ def allocation_of(
     spec = owner["spec"] if owner else {}
     status = owner["status"] if owner else {}
     started = b.status.start_time
-    if started is None and not binding.queued(b.spec, b.status):
+    if started is None and not binding.movable(b.spec, b.status):
         started = b.metadata.creation_timestamp
     ends = None
     first_bind = parse_time(status.get("startTime"))
@@ -204,7 +204,7 @@ def allocation_of(
         ends=ends,
         stopping=b.spec.stop_reason,
         uid=b.metadata.uid or "",
-        queued=binding.queued(b.spec, b.status),
+        queued=binding.movable(b.spec, b.status),
     )
 
 
@@ -257,9 +257,9 @@ def request_of(w: Wire, world: World) -> placement.Request:
 
 
 def queued_requests(world: World) -> list[tuple[placement.Request, Wire]]:
-    """The Jobs bound ahead whose agents have not taken them, as Requests the pass decides
-    again (with their Jobs as stored); not those being stopped, suspended or deleted: their
-    attempts end as they are."""
+    """The Jobs bound ahead whose agents have not taken them, or have armed them, as Requests
+    the pass decides again (with their Jobs as stored); not those being stopped, suspended or
+    deleted: their attempts end as they are."""
     found = []
     for allocation in world.snapshot.allocations:
         if not allocation.queued or allocation.stopping:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controller import diagnosis, placement, reading
+from controller import diagnosis, jobs, placement, reading
 from gctl.api import binding, job, meta
 from gctl.store import store
 
@@ -153,12 +153,23 @@ def _apply(
     preemptions, and what waiting Jobs are told, in queue order."""
     pools = world.snapshot.pools
     changed = [d for d in decisions if placement.changes(d)]
+    asked: set[Key] = set()  # Jobs whose armed attempts are asked back: they wait for it
     for d in changed:
         if d.request.queued is not None:
+            shared = world.bindings[(d.request.queued.namespace, d.request.queued.binding)]
+            if binding.armed(shared.status):
+                jobs.ask_back(writer, shared.model_copy(deep=True))
+                asked.add((d.request.namespace, d.request.name))
+                continue
             _give_up_place(writer, d, by_key, world, now)
+    _rearmable(writer, decisions, world)
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
     batch: list[tuple[placement.Decision, job.Job]] = []
-    placed = [d for d in changed if d.placement is not None]
+    placed = [
+        d
+        for d in changed
+        if d.placement is not None and (d.request.namespace, d.request.name) not in asked
+    ]
     late = False
     for count, d in enumerate(placed):
         # A Job that moves has given up its place already: it is bound whatever the time.
@@ -179,6 +190,22 @@ def _apply(
     for d in decisions:
         if d.placement is None:
             _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+
+
+def _rearmable(
+    writer: store.Store, decisions: list[placement.Decision], world: reading.World
+) -> None:
+    """An attempt given back by its agent that this pass leaves where it is may be armed
+    again: its request for it back is cleared."""
+    for d in decisions:
+        queued = d.request.queued
+        if queued is None or placement.changes(d):
+            continue
+        shared = world.bindings[(queued.namespace, queued.binding)]
+        if shared.spec.disarm and binding.queued(shared.spec, shared.status):
+            attempt = shared.model_copy(deep=True)
+            attempt.spec.disarm = False
+            writer.update(attempt)
 
 
 def _uids(d: placement.Decision, created: dict[Key, str]) -> list[str]:

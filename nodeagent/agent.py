@@ -5,6 +5,12 @@ Level-based: every pass reads this node's Bindings and the attempts on disk and 
 step: launch what is bound and not yet running, stop what the controller asked to stop, report
 what exited. It wakes on the change feed and on the supervisors' records (`notify`), and on
 the heartbeat timer; a pass may run any number of times.
+
+An attempt bound ahead (it starts after others on its GPUs) is *armed* while they run: the
+agent takes it (phase Armed, a compare-and-set like every report) and starts its supervisor,
+which starts the job the moment they end, without the agent (docs/decisions.md). Asked for it
+back (`spec.disarm`), or when its GPUs are cordoned, the agent takes it from the supervisor if
+the job has not started and reports it Pending again.
 """
 
 import logging
@@ -14,7 +20,6 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,9 +32,10 @@ from nodeagent import runtime, supervisor
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
 # Exited attempts need nothing more; Lost ones may still run here and must be stopped.
-_SYNCED_PHASES = frozenset({"Pending", "Starting", "Running", "Lost"})
+_SYNCED_PHASES = frozenset({"Pending", "Armed", "Starting", "Running", "Lost"})
 # Stops the user asked for explicitly: no stop warning, as for `kubectl delete --now`.
 _UNWARNED_STOPS = frozenset({binding.STOP_DELETED, binding.STOP_RERUN})
+_NOT_STARTED = supervisor.NOT_STARTED
 
 
 def default_state_dir(node_name: str) -> Path:
@@ -84,15 +90,14 @@ class Agent:
         self.clock = clock
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
-        self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes
+        self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes or arms
+        self._arming: dict[str, runtime.Launch] = {}  # launches of those it arms, by uid
         self._started = 0  # attempts this pass started
         self._seen: dict[str, runtime.State] = {}  # attempts' states as this pass found them
         # This node's cordoned or draining GPUs, read when a pass first wants to take an attempt
         # and kept while the feed shows no change to the Node (`_node_changes` counts them).
         self._closed: tuple[int, set[int]] | None = None
         self._node_changes = 0
-        # Attempts bound ahead, made ready to launch while their GPUs are still busy.
-        self._staged: dict[str, _Staged] = {}
         self._untidy: set[str] = set()  # ended attempts, unbound, whose directories remain
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
@@ -187,30 +192,38 @@ class Agent:
         """One level-based pass over this node's Bindings and the attempts on disk.
 
         Attempts bound ahead come last: one whose predecessors have ended here is taken (its
-        phase Starting, written with the pass's reports, so a move by the scheduler and the
-        take cannot both succeed) and started as soon as that write commits."""
+        phase Starting), one whose predecessors still run is armed (Armed); either is written
+        with the pass's reports, so a move by the scheduler and the take cannot both succeed,
+        and started, or its supervisor started, as soon as that write commits."""
         with self.db.read() as session:
             bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         bound_uids = {b.metadata.uid for b in bindings}
-        self._staged = {uid: s for uid, s in self._staged.items() if uid in bound_uids}
         self._reports = []
         self._taking = []
+        self._arming = {}
         self._seen = {}
         self._started = 0
         for bound in bindings:
             try:
                 if binding.queued(bound.spec, bound.status) and not bound.spec.stop_reason:
                     self._take_if_free(bound, bindings)
+                elif binding.armed(bound.status):
+                    self._sync_armed(bound)
                 else:
                     self._sync_one(bound)
             except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
                 log.warning("%s: %s", bound.name, exc)
                 self.wake.set()
+        arming, self._arming = self._arming, {}
         taken = self._flush_reports()
         for bound in taken:
             try:
-                self._start(bound)
+                uid = bound.metadata.uid or ""
+                if uid in arming:
+                    self._launch_armed(bound, arming[uid])
+                else:
+                    self._start(bound)
             except errors.GctlError as exc:
                 log.warning("%s: %s", bound.name, exc)
                 self.wake.set()
@@ -227,26 +240,98 @@ class Agent:
 
     def _take_if_free(self, bound: binding.Binding, bindings: list[binding.Binding]) -> None:
         """Take an attempt bound ahead once the attempts it waits for have ended here and no
-        other attempt holds its GPUs (nor one taken in this pass)."""
+        other attempt holds its GPUs (nor one taken in this pass); arm it while the attempts
+        on its GPUs run and none other waits for them first."""
+        if bound.spec.disarm or self._state(bound.metadata.uid or "").phase == "disarming":
+            return  # asked back (the controller moves it), or its last supervisor lingers
         gpus = set(bound.spec.gpus)
         if any(gpus & set(t.spec.gpus) for t in self._taking):
             return
         after = set(bound.spec.after)
+        running = []
         for other in bindings:
             uid = other.metadata.uid or ""
             if other is bound or (uid not in after and not gpus & set(other.spec.gpus)):
                 continue
             here = self._state(uid).phase
             if here == "running":
-                self._stage(bound)
-                return
-            if here == "absent" and uid in after and other.status.phase in ("Pending", "Starting"):
+                running.append(uid)
+            elif here in ("armed", "disarming"):
+                return  # armed for these GPUs before it: it waits for that one to start
+            elif here == "absent" and other.status.phase in ("Armed", "Starting"):
+                return  # taken before it and not launched here yet
+            elif here == "absent" and uid in after and other.status.phase == "Pending":
                 return  # bound before it, not started yet
         if gpus & self._closed_gpus():
             return  # cordoned or draining since it was bound: the scheduler moves it
+        if running:
+            self._arm(bound, running)
+            return
         status = bound.status.model_copy(update={"phase": "Starting"})
         self._reports.append(bound.model_copy(update={"status": status}))
         self._taking.append(bound)
+
+    def _arm(self, bound: binding.Binding, running: list[str]) -> None:
+        """Take an attempt bound ahead while the attempts on its GPUs run: report it Armed,
+        with the generation of the Job its launch is made from; its supervisor is started
+        once that write commits. One whose Job cannot start waits for the take, which says
+        why."""
+        uid = bound.metadata.uid or ""
+        with self.db.read() as session:
+            owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
+        if owner is None or owner.metadata.uid != bound.spec.job_uid:
+            return
+        wait_for = tuple(self.runtime.lock_path(before) for before in running)
+        try:
+            self._arming[uid] = self._launch_of(bound, owner, wait_for=wait_for)
+        except errors.Invalid:
+            return
+        update = {"phase": "Armed", "observed_generation": owner.metadata.generation}
+        status = bound.status.model_copy(update=update)
+        self._reports.append(bound.model_copy(update={"status": status}))
+        self._taking.append(bound)
+
+    def _launch_armed(self, bound: binding.Binding, launch: runtime.Launch) -> None:
+        uid = bound.metadata.uid or ""
+        log.info(
+            "armed %s/%s attempt %d on GPUs [%s]: starts when %d attempt(s) before it end",
+            bound.namespace,
+            bound.spec.job_name,
+            bound.spec.attempt,
+            ",".join(str(g) for g in bound.spec.gpus),
+            len(launch.wait_for),
+        )
+        self._seen[uid] = self.runtime.launch(launch)
+
+    def _sync_armed(self, bound: binding.Binding) -> None:
+        """An attempt this agent armed: report it once its job started or ended; end it
+        before it starts when asked to stop; give it back (Pending) when the controller asks
+        for it or its GPUs closed, if the job has not started."""
+        uid = bound.metadata.uid or ""
+        state = self._state(uid)
+        if state.phase in ("running", "exited", "lost"):
+            self._sync_one(bound)
+            return
+        if bound.spec.stop_reason:
+            if state.phase == "armed":
+                self.runtime.stop(uid, warn=False)  # its supervisor records the end
+            elif state.phase != "disarming":
+                ended = runtime.State("exited", reason=bound.spec.stop_reason, message=_NOT_STARTED)
+                self._report(bound, ended)
+            return
+        wanted_back = bound.spec.disarm or bool(set(bound.spec.gpus) & self._closed_gpus())
+        if state.phase == "armed":
+            if wanted_back and self.runtime.disarm(uid):
+                self._untake(bound)
+            return
+        # Taken back (its supervisor may linger), or armed in the database only (the agent
+        # died before launching it, or the host restarted): pending again, to be taken or
+        # armed anew.
+        self._untake(bound)
+
+    def _untake(self, bound: binding.Binding) -> None:
+        status = bound.status.model_copy(update={"phase": "Pending", "observed_generation": None})
+        self._reports.append(bound.model_copy(update={"status": status}))
 
     def _closed_gpus(self) -> set[int]:
         """This node's GPUs that take no new attempt (cordoned or draining)."""
@@ -268,7 +353,7 @@ class Agent:
         if phase == "Lost":
             # The controller gave up on this node and retried the Job elsewhere: whatever
             # still runs here must end, so that the Job never runs twice.
-            if state.phase == "running":
+            if state.phase in ("running", "armed"):
                 log.warning("stopping %s: its attempt was declared lost", bound.name)
                 self.runtime.stop(uid, warn=False)
             return
@@ -283,9 +368,7 @@ class Agent:
             elif bound.spec.stop_reason:
                 self._report(
                     bound,
-                    runtime.State(
-                        "exited", reason=bound.spec.stop_reason, message="stopped before it started"
-                    ),
+                    runtime.State("exited", reason=bound.spec.stop_reason, message=_NOT_STARTED),
                 )
             else:
                 self._start(bound)
@@ -294,44 +377,7 @@ class Agent:
             self.runtime.kill_lost(uid)
         self._report(bound, state)
 
-    def _stage(self, bound: binding.Binding) -> None:
-        """Make an attempt bound ahead ready to launch (its Job read, its spec on disk) while
-        the attempts before it still hold its GPUs, so that taking it costs only the take.
-        One that cannot start is left to the take, which reports why."""
-        uid = bound.metadata.uid or ""
-        if uid in self._staged:
-            return
-        with self.db.read() as session:
-            owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
-        if owner is None or owner.metadata.uid != bound.spec.job_uid:
-            return
-        try:
-            launch = self._launch_of(bound, owner)
-        except errors.Invalid:
-            return
-        self.runtime.prepare(launch)
-        self._staged[uid] = _Staged(owner.metadata.generation, launch)
-
-    def _check_staged(self, writer: store.Store, bound: binding.Binding) -> None:
-        """In the transaction that takes an attempt: forget its staged launch if its Job
-        changed since (a new spec, or deleted), so that the start reads the Job again."""
-        uid = bound.metadata.uid or ""
-        staged = self._staged.get(uid)
-        if staged is None:
-            return
-        owner = writer.find(job.Job, bound.spec.job_name, bound.namespace)
-        if (
-            owner is None
-            or owner.metadata.uid != bound.spec.job_uid
-            or owner.metadata.generation != staged.generation
-        ):
-            del self._staged[uid]
-
     def _start(self, bound: binding.Binding) -> None:
-        staged = self._staged.pop(bound.metadata.uid or "", None)
-        if staged is not None:
-            self._launch(bound, staged.launch, prepared=True)
-            return
         with self.db.read() as session:
             owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
         if owner is None or owner.metadata.uid != bound.spec.job_uid:
@@ -349,9 +395,11 @@ class Agent:
                 bound, runtime.State("exited", exit_code=127, reason="StartError", message=str(exc))
             )
             return
-        self._launch(bound, launch, prepared=False)
+        self._launch(bound, launch)
 
-    def _launch_of(self, bound: binding.Binding, owner: job.Job) -> runtime.Launch:
+    def _launch_of(
+        self, bound: binding.Binding, owner: job.Job, *, wait_for: tuple[Path, ...] = ()
+    ) -> runtime.Launch:
         """What to run for an attempt of `owner`; errors.Invalid if it cannot start here."""
         gpu_list = ",".join(str(g) for g in bound.spec.gpus)
         argv = command_argv(owner.spec, gpu_list)
@@ -382,9 +430,10 @@ class Agent:
             if owner.spec.stop_warning is None
             else (owner.spec.stop_warning.signal, owner.spec.stop_warning.seconds),
             success_file=owner.spec.success_file,
+            wait_for=wait_for,
         )
 
-    def _launch(self, bound: binding.Binding, launch: runtime.Launch, *, prepared: bool) -> None:
+    def _launch(self, bound: binding.Binding, launch: runtime.Launch) -> None:
         log.info(
             "starting %s/%s attempt %d on GPUs [%s]: %s",
             bound.namespace,
@@ -394,7 +443,7 @@ class Agent:
             shlex.join(launch.argv),
         )
         self._started += 1
-        state = self.runtime.launch(launch, prepared=prepared)
+        state = self.runtime.launch(launch)
         self._seen[launch.uid] = state
         self._report(bound, state)
 
@@ -410,7 +459,9 @@ class Agent:
 
         Running is reported once the supervisor has written the job's pid (its directory
         watcher wakes the agent when it does), so a Running attempt always has one."""
-        if state.phase == "running" and state.pid is None:
+        if state.phase not in ("running", "exited", "lost") or (
+            state.phase == "running" and state.pid is None
+        ):
             return
         status = bound.status.model_copy(deep=True)
         now = self.clock()
@@ -456,12 +507,11 @@ class Agent:
         try:
             with self.db.write() as session:
                 writer = store.Store(session)
-                for report in reports:
-                    if report.metadata.uid in taking:
-                        self._check_staged(writer, report)
-                    written = writer.update_status(report)
-                    if written.metadata.uid in taking:
-                        taken.append(written)
+                with writer.batched():
+                    for report in reports:
+                        written = writer.update_status(report)
+                        if written.metadata.uid in taking:
+                            taken.append(written)
             if writer.written_revision is not None:
                 with self._written_lock:
                     self._written.add(writer.written_revision)
@@ -481,6 +531,10 @@ class Agent:
         if state.phase == "running":
             log.warning("stopping attempt %s: its Binding was deleted", uid)
             self.runtime.stop(uid, warn=False)
+        elif state.phase == "armed":
+            self.runtime.disarm(uid)  # its job never starts; tidied once its supervisor ended
+        elif state.phase == "disarming":
+            pass
         elif tidy:
             if state.phase == "lost":
                 self.runtime.kill_lost(uid)
@@ -573,14 +627,6 @@ class Agent:
                     self.wake.set()
         finally:
             bell.close()
-
-
-@dataclass(frozen=True)
-class _Staged:
-    """A launch made ready ahead, and the generation of the Job it was made from."""
-
-    generation: int | None
-    launch: runtime.Launch
 
 
 def exit_outcome(state: runtime.State) -> tuple[str, str | None]:

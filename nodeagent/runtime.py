@@ -40,14 +40,20 @@ class Launch:
     fence_seconds: float = 0.0
     stop_warning: tuple[str, int] | None = None  # (signal name, seconds before SIGTERM)
     success_file: str | None = None  # the Job's spec.successFile, checked by the supervisor
+    # Armed: the `lock` files of the attempts that must end first (`Runtime.lock_path`). The
+    # supervisor starts at once and waits for them, then starts the job (supervisor.py).
+    wait_for: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
 class State:
     """Where an attempt stands on this host.
 
-    phase: absent (no trace: never launched here), running, exited, or lost (the supervisor
-    died without recording an exit)."""
+    phase: absent (never started here: no trace, or an armed supervisor that ended without
+    starting it), armed (its supervisor waits for the attempts before it), disarming (taken
+    back from its armed supervisor, which has yet to end), running, exited, or lost (the
+    supervisor died without recording an exit). An attempt is not launched again while it is
+    disarming, so that the old supervisor cannot mistake a new `armed` marker for its own."""
 
     phase: str
     pid: int | None = None
@@ -75,6 +81,10 @@ class Runtime:
 
     def log_path(self, namespace: str, job: str, attempt: int) -> Path:
         return self.logs_dir / namespace / job / f"attempt-{attempt}.log"
+
+    def lock_path(self, uid: str) -> Path:
+        """The file an attempt's supervisor holds locked while it lives."""
+        return self.attempts_dir / uid / LOCK
 
     def known(self) -> list[str]:
         """Uids of every attempt this host has a directory for."""
@@ -108,7 +118,19 @@ class Runtime:
                 success_path=exit_record.get("successFilePath"),
             )
         if alive:
+            if pid_record is None and (directory / supervisor.ARMED).exists():
+                return State("armed")
+            if pid_record is None and (directory / supervisor.DISARMED).exists():
+                return State("disarming")  # taken back; its supervisor has yet to end
             return State("running", pid=pid, started=started)
+        if pid_record is None and any(
+            (directory / marker).exists()
+            for marker in (supervisor.ARMED, supervisor.DISARMED, supervisor.CANCELLED)
+        ):
+            # An armed supervisor that died waiting, was taken back, or gave up because one
+            # before it ended without an exit record: the job never started, and may be
+            # launched again.
+            return State("absent")
         if pid_record is None and not (directory / supervisor.LAUNCHED).exists():
             # Never launched (the agent died before), or the supervisor died before its first
             # write: the job did not start either way.
@@ -133,6 +155,13 @@ class Runtime:
         launched): `launch(prepared=True)` then only starts the supervisor."""
         directory = self.attempts_dir / launch.uid
         directory.mkdir(exist_ok=True, mode=0o700)
+        for stale in (
+            supervisor.LAUNCHED,
+            supervisor.FIRED,
+            supervisor.CANCELLED,
+            supervisor.DISARMED,
+        ):
+            (directory / stale).unlink(missing_ok=True)  # of an armed supervisor that gave up
         launch.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # The launch records need not survive a power cut, which ends every job with them: an
         # attempt found without them after a reboot is absent (a Running one is reported lost,
@@ -151,9 +180,15 @@ class Runtime:
                 if launch.stop_warning is None
                 else {"signal": launch.stop_warning[0], "seconds": launch.stop_warning[1]},
                 "successFile": launch.success_file,
+                "waitFor": [str(path) for path in launch.wait_for],
             },
             durable=False,
         )
+        marker = directory / supervisor.ARMED
+        if launch.wait_for:
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
 
     def launch(self, launch: Launch, *, prepared: bool = False) -> State:
         """Start an attempt, or report the one already there: never two supervisors.
@@ -173,11 +208,14 @@ class Runtime:
             # A forked supervisor writes `launched.json` first thing, off the agent's path. One
             # in a fresh interpreter may fail to start at all, so it is written for it here,
             # before it starts (after, the two writers would share the temporary file).
-            if self._forker.fork(directory, lock_fd) is None:
+            pid = self._forker.fork(directory, lock_fd)
+            if pid is None:
                 supervisor.write_atomically(
                     directory / supervisor.LAUNCHED, {"bootId": supervisor.boot_id()}, durable=False
                 )
-                _start_supervisor(directory, lock_fd)
+                pid = _start_supervisor(directory, lock_fd)
+            if launch.wait_for:
+                _note_armed_pid(directory, pid)
         finally:
             os.close(lock_fd)
         return State("running")
@@ -190,15 +228,32 @@ class Runtime:
         is the one the attempt reports when it has exited."""
         directory = self.attempts_dir / uid
         record = supervisor.read_json(directory / supervisor.PID)
-        if record is not None and self.state(uid).phase == "running":
-            # The first request says why; one that allows no warning replaces a warned one.
-            if not warn or not (directory / supervisor.STOP).exists():
-                supervisor.write_atomically(
-                    directory / supervisor.STOP,
-                    {"warn": warn, "reason": reason, "message": message},
-                )
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(record["supervisor"]), signal.SIGTERM)
+        phase = self.state(uid).phase
+        if phase == "armed":  # not started: its supervisor ends it before it starts
+            record = _armed_record(directory)
+        elif record is None or phase != "running":
+            return
+        # The first request says why; one that allows no warning replaces a warned one.
+        if not warn or not (directory / supervisor.STOP).exists():
+            supervisor.write_atomically(
+                directory / supervisor.STOP,
+                {"warn": warn, "reason": reason, "message": message},
+            )
+        _terminate(record)
+
+    def disarm(self, uid: str) -> bool:
+        """Take an armed attempt back from its supervisor before it starts the job: True if
+        taken (the supervisor ends without starting it), False if it started meanwhile (or
+        stopped, or was never armed): then its state says what became of it."""
+        directory = self.attempts_dir / uid
+        try:
+            os.rename(directory / supervisor.ARMED, directory / supervisor.DISARMED)
+        except FileNotFoundError:
+            if not (directory / supervisor.DISARMED).exists():
+                return False
+            # Taken back before: the supervisor may not have been told then.
+        _terminate(_armed_record(directory))
+        return True
 
     def kill_lost(self, uid: str) -> None:
         """End what is left of an attempt whose supervisor died: its whole process group."""
@@ -213,10 +268,43 @@ class Runtime:
         shutil.rmtree(self.attempts_dir / uid, ignore_errors=True)
 
 
-def _start_supervisor(directory: Path, lock_fd: int) -> None:
-    """A supervisor in a fresh interpreter: the fork server's fallback."""
+def _note_armed_pid(directory: Path, pid: int) -> None:
+    """Write an armed supervisor's pid into its `armed` marker, so that a request to stop it
+    or take it back reaches it before it has written `launched.json` itself (it holds its
+    lock, and so looks armed, from the moment it is forked). Never creates the marker: gone,
+    the supervisor has fired already."""
+    try:
+        fd = os.open(directory / supervisor.ARMED, os.O_WRONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
+
+
+def _armed_record(directory: Path) -> dict[str, object] | None:
+    """Whom to signal about an armed attempt: the pid in its marker (armed, or disarmed once
+    taken back), else its own launch record."""
+    for marker in (supervisor.ARMED, supervisor.DISARMED):
+        with contextlib.suppress(OSError, ValueError):
+            return {"supervisor": int((directory / marker).read_text())}
+    return supervisor.read_json(directory / supervisor.LAUNCHED)
+
+
+def _terminate(record: dict[str, object] | None) -> None:
+    """SIGTERM the supervisor a record names, if it names one. A supervisor that has not yet
+    written it finds the request (or the marker) in its directory when it looks."""
+    pid = record.get("supervisor") if record else None
+    if isinstance(pid, int):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _start_supervisor(directory: Path, lock_fd: int) -> int:
+    """A supervisor in a fresh interpreter: the fork server's fallback. Returns its pid."""
     with open(directory / "supervisor.err", "ab") as errors:
-        subprocess.Popen(
+        return subprocess.Popen(
             # The supervisor needs the standard library only: started isolated (-I) and without
             # site (-S) it is up in about half the time.
             [sys.executable, "-I", "-S", supervisor.__file__, str(directory)],
@@ -226,7 +314,7 @@ def _start_supervisor(directory: Path, lock_fd: int) -> None:
             stdout=subprocess.DEVNULL,
             stderr=errors,
             close_fds=True,
-        )
+        ).pid
 
 
 SERVER_ARGV = (sys.executable, "-I", "-S", supervisor.__file__, "--fork-server")

@@ -14,9 +14,21 @@ keeps one `supervisor.py --fork-server FD` process (`serve`), started once, that
 supervisor for each attempt from its already-loaded interpreter in about a millisecond. The
 forked supervisor leaves the server's session at once, so it is as independent of the agent as
 one started directly.
+
+An *armed* supervisor (its spec lists `waitFor`, and its directory holds the marker `armed`)
+is started ahead, for an attempt bound after others on its GPUs: it waits for the supervisors
+of those attempts to end (each holds its attempt's `lock`; a blocked flock wakes the moment it
+is released) and then starts the job at once, without the agent. Exactly one of three renames
+of `armed` succeeds, so the attempt starts at most once and every party knows what happened:
+to `fired` by the supervisor as it starts the job; to `disarmed` by the agent taking the
+attempt back (the scheduler moved it); to `cancelled` by the supervisor stopping before it
+started (a stop request, or an agent silent for longer than the fence). It does not fire when
+one it waited for ended without an exit record: that job's processes may still hold the GPU,
+and the agent decides.
 """
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -39,6 +51,10 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # In the attempts directory: touched after each record, to wake the agent at once (the agent
 # listens with gctl.store.notify; this file imports nothing of gctl).
 NOTIFY = "notify"
+# The markers of an armed attempt (see the module's docstring).
+ARMED, FIRED, DISARMED, CANCELLED = "armed", "fired", "disarmed", "cancelled"
+NOT_STARTED = "stopped before it started"
+_STOPS = {signal.SIGTERM, signal.SIGINT}  # the signals that ask a supervisor to stop the job
 
 
 def boot_id() -> str:
@@ -64,6 +80,11 @@ def write_atomically(path: Path, document: dict[str, Any], *, durable: bool = Tr
 def record(attempt_dir: Path, name: str, document: dict[str, Any]) -> None:
     """Write one of the attempt's records and wake the agent."""
     write_atomically(attempt_dir / name, document)
+    ring(attempt_dir)
+
+
+def ring(attempt_dir: Path) -> None:
+    """Wake the agent: something about this attempt changed."""
     bell = attempt_dir.parent / NOTIFY
     try:
         os.utime(bell)
@@ -207,6 +228,107 @@ def _fence(
         time.sleep(min(5.0, max(0.2, fence_seconds - silent)))
 
 
+class _Interrupted(Exception):
+    """A signal came while an armed supervisor waited: look at why before waiting on."""
+
+
+class _Turn:
+    """An armed supervisor's wait for the attempts before it to end. Until `decided`, SIGTERM
+    interrupts a blocked wait (the agent took the attempt back, or asks it to stop: the markers
+    say which, and are looked at before each wait); after, it is a stop of the job like any
+    other, handed to the stopper."""
+
+    def __init__(self, attempt_dir: Path, spec: dict[str, Any], stopper: _Stopper) -> None:
+        self.attempt_dir = attempt_dir
+        self.spec = spec
+        self.stopper = stopper
+        self.decided = False
+        self.blocked = False  # in the flock call: a signal must get it out
+
+    def on_term(self, signum: int, frame: object) -> None:
+        if self.decided:
+            self.stopper.on_term(signum, frame)
+        elif self.blocked:
+            raise _Interrupted
+
+    def wait(self) -> bool:
+        """Wait until every attempt before this one has ended; True when the job may start
+        now (`armed` renamed to `fired`), False when it must not (taken back, stopped or
+        fenced: the records say which)."""
+        pending = [Path(path) for path in self.spec["waitFor"]]
+        while pending and self._still_armed():
+            try:
+                self._released(pending[0])
+            except _Interrupted:
+                continue
+            pending.pop(0)
+        self.decided = True  # from here on a SIGTERM is a stop request like any other
+        if not self._still_armed():
+            return self._cancel(stopped=True) if (self.attempt_dir / STOP).exists() else False
+        if self.spec.get("leasePath") and self.spec.get("fenceSeconds"):
+            silent = _silence(Path(self.spec["leasePath"]))
+            if silent > float(self.spec["fenceSeconds"]):
+                message = f"the node agent has been silent for {int(silent)}s: not started"
+                return self._cancel(stopped=False, reason=FENCED, message=message)
+        before = [Path(path).parent for path in self.spec["waitFor"]]
+        if any(d.exists() and not (d / EXIT).exists() for d in before):
+            # One before it ended without an exit record: its processes may still be on the
+            # GPU. Not started; the agent, which kills what is left, decides again.
+            self._rename(CANCELLED)
+            return False
+        return self._rename(FIRED)
+
+    def _released(self, lock: Path) -> None:
+        """Block until no supervisor holds `lock` (its attempt ended), or a signal comes."""
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:  # its directory was tidied away: it ended long ago
+            return
+        try:
+            self.blocked = True
+            fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the holder's exclusive lock goes
+        finally:
+            self.blocked = False
+            os.close(fd)
+
+    def _still_armed(self) -> bool:
+        return (self.attempt_dir / ARMED).exists() and not (self.attempt_dir / STOP).exists()
+
+    def _rename(self, to: str) -> bool:
+        try:
+            os.rename(self.attempt_dir / ARMED, self.attempt_dir / to)
+        except FileNotFoundError:  # the agent took it back first
+            return False
+        return True
+
+    def _cancel(
+        self, *, stopped: bool, reason: str | None = None, message: str = NOT_STARTED
+    ) -> bool:
+        """Stop before the job started, with an exit record saying so (no exit code)."""
+        if self._rename(CANCELLED):
+            record(
+                self.attempt_dir,
+                EXIT,
+                {
+                    "exitCode": None,
+                    "stopped": stopped,
+                    "notStarted": True,
+                    "reason": reason,
+                    "message": message,
+                    "finished": time.time(),
+                },
+            )
+        return False
+
+
+def _silence(lease: Path) -> float:
+    """Seconds since the agent last renewed its lease (a missing lease: forever)."""
+    try:
+        return time.time() - lease.stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
 def supervise(attempt_dir: Path) -> int:
     # Launched, before anything can fail: a supervisor found dead without a pid record but
     # with this one died before starting the job, and the attempt is not launched again.
@@ -218,9 +340,19 @@ def supervise(attempt_dir: Path) -> int:
         attempt_dir, float(spec.get("gracePeriodSeconds", 30)), spec.get("stopWarning")
     )
     fenced = threading.Event()
-    signal.signal(signal.SIGTERM, stopper.on_term)
-    signal.signal(signal.SIGINT, stopper.on_term)
     signal.signal(signal.SIGALRM, stopper.on_alarm)
+    if spec.get("waitFor"):
+        turn = _Turn(attempt_dir, spec, stopper)
+        signal.signal(signal.SIGTERM, turn.on_term)
+        signal.signal(signal.SIGINT, turn.on_term)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # blocked by the fork server
+        if not turn.wait():
+            ring(attempt_dir)  # it ended without starting the job: the agent looks again
+            return 0
+    else:
+        signal.signal(signal.SIGTERM, stopper.on_term)
+        signal.signal(signal.SIGINT, stopper.on_term)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     try:
         log = open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
     except OSError as exc:
@@ -335,7 +467,11 @@ def serve(server: socket.socket) -> int:
             return 0
         if not message:
             return 0
+        # A stop may come the moment the supervisor exists: held until its handlers are in.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         if pid == 0:
             code = 1
             try:

@@ -7,10 +7,13 @@ from pydantic import Field
 
 from gctl.api import kinds, meta
 
-# Pending: bound, not started; Starting: a queued attempt its agent has taken and is starting
-# (the controller may no longer move it); Running: the process runs; Exited; Lost.
-BindingPhase = Literal["Pending", "Starting", "Running", "Exited", "Lost"]
-ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Starting", "Running"})
+# Pending: bound, not started; Armed: a queued attempt its agent has taken while the attempts
+# before it still run, with a supervisor waiting to start it the moment they end (the
+# scheduler asks for it back with spec.disarm); Starting: a queued attempt its agent has taken
+# and is starting (the controller may no longer move it); Running: the process runs; Exited;
+# Lost.
+BindingPhase = Literal["Pending", "Armed", "Starting", "Running", "Exited", "Lost"]
+ACTIVE_PHASES: frozenset[str] = frozenset({"Pending", "Armed", "Starting", "Running"})
 
 # Why the controller asks the agent to stop an attempt (spec.stopReason).
 STOP_DELETED = "Deleted"
@@ -44,6 +47,10 @@ class BindingSpec(meta.Model):
     # it starts. Its agent starts it the moment they have, without a round trip through the
     # controller; until its agent takes it (phase Starting) the scheduler may move it.
     after: list[str] = Field(default_factory=list)
+    # Set by the controller on an Armed attempt it wants back (to move it, give its place, or
+    # because its Job changed): the agent takes it from its supervisor, if the job has not
+    # started, and reports it Pending again; the agent neither takes nor arms it while set.
+    disarm: bool = False
 
 
 class BindingStatus(meta.Model):
@@ -67,6 +74,16 @@ def queued(spec: BindingSpec, status: BindingStatus) -> bool:
     """Bound ahead and not yet taken by its agent: it waits for the attempts in `after`, holds
     no GPU yet, and the scheduler may still move it."""
     return bool(spec.after) and status.phase == "Pending"
+
+
+def armed(status: BindingStatus) -> bool:
+    """Taken by its agent ahead of time: its supervisor waits for the attempts before it."""
+    return status.phase == "Armed"
+
+
+def movable(spec: BindingSpec, status: BindingStatus) -> bool:
+    """Bound ahead and not started: queued, or armed (moved once its agent gives it back)."""
+    return queued(spec, status) or (bool(spec.after) and armed(status))
 
 
 def succeeded(status: BindingStatus) -> bool:

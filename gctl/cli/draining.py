@@ -261,8 +261,8 @@ def evict(writer: store.Store, targets: list[Target]) -> list[dict[str, Any]]:
             wire = bound.wire()
             if bound.spec.stop_reason or not any(t.holds(wire) for t in targets):
                 continue
-            if binding.queued(bound.spec, bound.status):
-                continue  # bound ahead, not started: the scheduler moves it off a closed GPU
+            if binding.movable(bound.spec, bound.status):
+                continue  # bound ahead, not started: moved off a closed GPU (given back first)
             bound.spec.stop_reason = binding.STOP_EVICTED
             writer.update(bound)
             asked.append(wire)

@@ -13,13 +13,15 @@ from gctl.api import kinds, selection
 
 Wire = dict[str, Any]
 VIEW = "_view"  # the key, in a listed object's copy, of what its table columns show beyond it
-HOLDING = frozenset({"Pending", "Starting", "Running"})  # phases that hold GPUs (ACTIVE_PHASES)
+HOLDING = frozenset({"Pending", "Armed", "Starting", "Running"})  # as ACTIVE_PHASES
 DEFAULT_POOL = "default"
 
 
 def bound_ahead(bound: Wire) -> bool:
-    """Whether an attempt is bound ahead and not yet taken (gctl.api.binding.queued)."""
-    return bound["status"].get("phase", "Pending") == "Pending" and bool(bound["spec"].get("after"))
+    """Whether an attempt is bound ahead and not started: not taken, or armed to start when
+    the attempts before it end (gctl.api.binding.movable)."""
+    phase = bound["status"].get("phase", "Pending")
+    return phase in ("Pending", "Armed") and bool(bound["spec"].get("after"))
 
 
 def holding(bound: Wire) -> bool:

@@ -328,9 +328,10 @@ class Store:
         return [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
 
     def any_queued_bindings(self) -> bool:
-        """Whether some attempt is bound ahead and not yet taken by its agent."""
+        """Whether some attempt is bound ahead and not started: not taken by its agent, or
+        armed (the scheduler may still want either elsewhere)."""
         table = _table(binding.Binding.KIND)
-        rows = self.execute(select(table.c.spec).where(table.c.phase == "Pending"))
+        rows = self.execute(select(table.c.spec).where(table.c.phase.in_(("Pending", "Armed"))))
         return any(
             (json.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
             for (spec,) in rows

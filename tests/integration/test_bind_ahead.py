@@ -214,3 +214,133 @@ def test_a_lost_node_loses_what_ran_there_and_its_job_bound_ahead_moves_uncounte
     (moved,) = _attempts(database, "next")
     assert (moved.spec.node, moved.spec.gpus, moved.spec.after) == ("n2", [0], [])
     assert _get_job(database, "next").status.attempts == 1
+
+
+# -- armed attempts: taken by the agent ahead, given back when the controller asks ------------
+
+
+def _arm(database: db.Database, name: str, generation: int = 1) -> None:
+    """What the agent writes when it arms an attempt bound ahead: Armed, from that Job
+    generation."""
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, name, "default")
+        attempt.status.phase = "Armed"
+        attempt.status.observed_generation = generation
+        writer.update_status(attempt)
+
+
+def _give_back(database: db.Database, name: str) -> None:
+    """What the agent writes once it took an armed attempt back from its supervisor."""
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, name, "default")
+        assert attempt.spec.disarm  # only when asked (or its GPUs closed)
+        attempt.status.phase = "Pending"
+        attempt.status.observed_generation = None
+        writer.update_status(attempt)
+
+
+def _binding(database: db.Database, name: str) -> binding.Binding:
+    with database.read() as session:
+        return store.Store(session).get(binding.Binding, name, "default")
+
+
+def test_an_armed_attempt_that_should_move_is_asked_back_then_moved(
+    database: db.Database,
+) -> None:
+    _two_busy_gpus(database)
+    _arm(database, "next-1")
+    armed = _binding(database, "next-1")
+    report_attempt(database, "long-1", "Exited", T0, exit_code=0)  # GPU 1 frees first
+    _reconcile(database, "long")
+    _schedule(database)
+    asked = _binding(database, "next-1")  # not removed: its supervisor may start it any time
+    assert (asked.metadata.uid, asked.status.phase, asked.spec.disarm) == (
+        armed.metadata.uid,
+        "Armed",
+        True,
+    )
+    assert _get_job(database, "next").status.gpus == [0]
+    _give_back(database, "next-1")
+    _schedule(database)
+    (moved,) = _attempts(database, "next")
+    assert moved.metadata.uid != armed.metadata.uid
+    assert (moved.spec.gpus, moved.spec.after, moved.spec.disarm) == ([1], [], False)
+    assert _get_job(database, "next").status.attempts == 1
+
+
+def test_an_attempt_given_back_that_stays_may_be_armed_again(database: db.Database) -> None:
+    _two_busy_gpus(database)
+    _arm(database, "next-1")
+    with database.write() as session:
+        writer = store.Store(session)
+        jobs.ask_back(writer, writer.get(binding.Binding, "next-1", "default"))
+    _give_back(database, "next-1")
+    _schedule(database)  # GPU 0 still frees soonest: it stays, and may be armed again
+    stays = _binding(database, "next-1")
+    assert (stays.spec.gpus, stays.status.phase, stays.spec.disarm) == ([0], "Pending", False)
+
+
+@pytest.mark.parametrize("how", ["suspend", "rerun"])
+def test_an_armed_attempt_suspended_or_rerun_is_asked_back_then_withdrawn_uncounted(
+    database: db.Database, how: str
+) -> None:
+    _two_busy_gpus(database)
+    _arm(database, "next-1")
+    with database.write() as session:
+        writer = store.Store(session)
+        j = writer.get(job.Job, "next", "default")
+        if how == "suspend":
+            j.spec.suspend = True
+        else:
+            j.metadata.annotations[job.ANNOTATION_RERUN] = "token-1"
+        writer.update(j)
+    _reconcile(database, "next")
+    asked = _binding(database, "next-1")
+    assert (asked.status.phase, asked.spec.disarm, asked.spec.stop_reason) == ("Armed", True, None)
+    _give_back(database, "next-1")
+    _reconcile(database, "next")
+    if how == "suspend":
+        assert _attempts(database, "next") == []
+        j = _get_job(database, "next")
+        assert (j.status.phase, j.status.attempts, j.status.reason) == ("Pending", 0, "Suspended")
+    else:  # withdrawn, and the re-run is the Job pending again: bound again by the next pass
+        assert _attempts(database, "next") == []
+        assert _get_job(database, "next").status.phase == "Pending"
+
+
+def test_a_job_changed_after_its_attempt_was_armed_asks_it_back(database: db.Database) -> None:
+    _two_busy_gpus(database)
+    _arm(database, "next-1", generation=1)
+    _reconcile(database, "next")
+    assert not _binding(database, "next-1").spec.disarm  # armed from the Job as it is
+    with database.write() as session:
+        writer = store.Store(session)
+        j = writer.get(job.Job, "next", "default")
+        j.spec.env = {"GREETING": "changed"}
+        writer.update(j)  # generation 2
+    _reconcile(database, "next")
+    assert _binding(database, "next-1").spec.disarm
+
+
+def test_deleting_a_job_whose_attempt_is_armed_stops_it_before_it_starts(
+    database: db.Database,
+) -> None:
+    _two_busy_gpus(database)
+    _arm(database, "next-1")
+    with database.write() as session:
+        store.Store(session).delete(job.Job, "next", "default")
+    _reconcile(database, "next")
+    assert _binding(database, "next-1").spec.stop_reason == binding.STOP_DELETED
+
+
+def test_a_lost_node_loses_an_armed_attempt(database: db.Database) -> None:
+    """Its supervisor may have started it: like a started one, it is Lost, not moved."""
+    _two_busy_gpus(database)
+    _arm(database, "next-1")
+    with database.write() as session:
+        store.Store(session).delete(node.Node, "n1")
+    seen: nodes.Seen = {}
+    store.transact(database, lambda w: nodes.reconcile(w, "n1", T0, timedelta(seconds=40), seen))
+    assert _binding(database, "next-1").status.phase == "Lost"

@@ -1,0 +1,175 @@
+"""Armed attempts, run for real by the node's runtime: a supervisor started ahead waits for the
+one before it to end and starts its job at once; taken back, stopped or fenced first, it never
+starts it (nodeagent/supervisor.py, `_Turn`).
+
+No database here: the runtime alone, with real supervisors (through the fork server) and real
+processes. The jobs are shell commands that write the time they start and end."""
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent import runtime, supervisor
+
+DEADLINE = 20.0
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[runtime.Runtime]:
+    attempts = runtime.Runtime(tmp_path / "state")
+    yield attempts
+    for uid in attempts.known():  # nothing outlives the test
+        attempts.stop(uid, warn=False)
+        attempts.kill_lost(uid)
+    attempts.close()
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _launch(
+    node: runtime.Runtime,
+    uid: str,
+    script: str,
+    *,
+    after: tuple[str, ...] = (),
+    lease: Path | None = None,
+) -> runtime.State:
+    launch = runtime.Launch(
+        uid=uid,
+        argv=["bash", "-c", script],
+        env=dict(os.environ),
+        cwd=None,
+        log_path=node.log_path("default", uid, 1),
+        grace_seconds=2.0,
+        lease_path=lease,
+        fence_seconds=30.0 if lease else 0.0,
+        wait_for=tuple(node.lock_path(before) for before in after),
+    )
+    return node.launch(launch)
+
+
+def _holding(node: runtime.Runtime, tmp: Path) -> Path:
+    """Launch `first`, which runs until the returned file exists, then stamps `first-end`."""
+    release = tmp / "release"
+    script = f"while [ ! -e {release} ]; do sleep 0.02; done; date +%s.%N > {tmp}/first-end"
+    _launch(node, "first", script)
+    _until(lambda: node.state("first").pid is not None, "first to run")
+    return release
+
+
+def _second(node: runtime.Runtime, tmp: Path, **kwargs: object) -> None:
+    _launch(node, "second", f"date +%s.%N > {tmp}/second-start", after=("first",), **kwargs)  # type: ignore[arg-type]
+    _until(lambda: node.state("second").phase == "armed", "second to be armed")
+
+
+def _phase(node: runtime.Runtime, uid: str, phase: str) -> Callable[[], bool]:
+    return lambda: node.state(uid).phase == phase
+
+
+def test_an_armed_attempt_starts_its_job_when_the_one_before_it_ends(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    release = _holding(node, tmp_path)
+    _second(node, tmp_path)
+    time.sleep(0.3)
+    assert node.state("second").phase == "armed"  # it waits while first runs
+    assert not (tmp_path / "second-start").exists()
+    release.touch()
+    _until(_phase(node, "second", "exited"), "second to run and exit")
+    ended = float((tmp_path / "first-end").read_text())
+    started = float((tmp_path / "second-start").read_text())
+    assert started > ended
+    assert node.state("second").exit_code == 0
+    assert (node.attempts_dir / "second" / supervisor.FIRED).exists()
+    assert not node.disarm("second")  # started: too late to take it back
+
+
+def test_an_armed_attempt_taken_back_never_starts(node: runtime.Runtime, tmp_path: Path) -> None:
+    release = _holding(node, tmp_path)
+    _second(node, tmp_path)
+    assert node.disarm("second")
+    _until(_phase(node, "second", "absent"), "second's supervisor to end")
+    release.touch()
+    _until(_phase(node, "first", "exited"), "first to exit")
+    time.sleep(0.3)
+    assert not (tmp_path / "second-start").exists()
+    assert node.state("second").phase == "absent"
+
+
+def test_an_armed_attempt_stopped_ends_before_it_starts(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    release = _holding(node, tmp_path)
+    _second(node, tmp_path)
+    node.stop("second", warn=False, reason="Deleted")
+    _until(_phase(node, "second", "exited"), "second to end")
+    state = node.state("second")
+    assert (state.stopped, state.reason, state.exit_code, state.pid, state.message) == (
+        True,
+        "Deleted",
+        None,
+        None,
+        supervisor.NOT_STARTED,
+    )
+    release.touch()
+    _until(_phase(node, "first", "exited"), "first to exit")
+    time.sleep(0.3)
+    assert not (tmp_path / "second-start").exists()
+
+
+def test_an_armed_attempt_does_not_start_once_its_agent_is_silent(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    lease = tmp_path / "lease"
+    lease.touch()
+    release = _holding(node, tmp_path)
+    _second(node, tmp_path, lease=lease)
+    stale = time.time() - 100
+    os.utime(lease, (stale, stale))  # the agent has not renewed it for 100 s (fence: 30 s)
+    release.touch()
+    _until(_phase(node, "second", "exited"), "second to give up")
+    state = node.state("second")
+    assert (state.reason, state.exit_code, state.stopped) == (supervisor.FENCED, None, False)
+    assert not (tmp_path / "second-start").exists()
+
+
+def test_an_armed_attempt_waits_on_after_its_fork_server_and_agent_are_gone(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    """Supervisors outlive the agent: the next job starts while the agent is down."""
+    release = _holding(node, tmp_path)
+    _second(node, tmp_path)
+    node.close()  # the agent's fork server goes, as when the agent dies
+    release.touch()
+    later = runtime.Runtime(tmp_path / "state")  # a restarted agent finds it ran
+    try:
+        _until(_phase(later, "second", "exited"), "second to run and exit")
+        assert (tmp_path / "second-start").exists()
+    finally:
+        later.close()
+
+
+def test_an_armed_attempt_does_not_start_after_a_supervisor_that_died_without_a_record(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    """The job before it may still hold the GPU: the agent must end it, then decide."""
+    _holding(node, tmp_path)
+    _second(node, tmp_path)
+    launched = supervisor.read_json(node.attempts_dir / "first" / supervisor.PID)
+    assert launched is not None
+    os.kill(int(launched["supervisor"]), signal.SIGKILL)  # first's job runs on, orphaned
+    _until(_phase(node, "first", "lost"), "first to be lost")
+    _until(_phase(node, "second", "absent"), "second to give up")
+    assert not (tmp_path / "second-start").exists()
+    assert (node.attempts_dir / "second" / supervisor.CANCELLED).exists()
+    node.kill_lost("first")
