@@ -16,18 +16,15 @@ the job has not started and reports it Pending again.
 import logging
 import os
 import shlex
-import shutil
-import socket
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import gctl
-from gctl.api import binding, errors, job, meta, node, quantity
+from gctl.api import binding, errors, job, meta, node
 from gctl.store import db, feed, notify, store
 from nodeagent import gpus as gpu_backends
-from nodeagent import runtime, supervisor
+from nodeagent import heartbeat, launches, reports, runtime, supervisor
 
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
@@ -41,25 +38,6 @@ _NOT_STARTED = supervisor.NOT_STARTED
 def default_state_dir(node_name: str) -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local/state")
     return Path(base) / "gctl" / node_name
-
-
-def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
-    """What to exec: a string runs with /bin/sh -c, a lone `.sh` path with bash, `{gpus}` in an
-    argument becomes the GPU list, and condaEnv wraps it all in `conda run`."""
-    if isinstance(spec.command, str):
-        argv = ["/bin/sh", "-c", spec.command.replace("{gpus}", gpu_list)]
-    else:
-        argv = [arg.replace("{gpus}", gpu_list) for arg in spec.command]
-        if len(argv) == 1 and argv[0].endswith(".sh"):
-            argv = ["bash", *argv]
-    if spec.conda_env:
-        conda = shutil.which("conda")
-        if conda is None:
-            raise errors.Invalid(
-                f"spec.condaEnv {spec.conda_env!r}: conda is not on this node's PATH"
-            )
-        argv = [conda, "run", "-n", spec.conda_env, "--no-capture-output", *argv]
-    return argv
 
 
 class Agent:
@@ -87,6 +65,9 @@ class Agent:
         self.grace_seconds = grace_seconds
         self.fence_seconds = fence_seconds
         self.lease = state_dir / "lease"  # touched on every heartbeat; supervisors watch its age
+        self._settings = launches.Settings(
+            node_name, grace_seconds, self.lease if fence_seconds else None, fence_seconds
+        )
         self.clock = clock
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
@@ -107,84 +88,9 @@ class Agent:
 
     def heartbeat(self) -> None:
         """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready."""
-        discovered = self._attribute(self.backend.discover())
-        now = self.clock()
-
-        def work(writer: store.Store) -> None:
-            current = writer.find(node.Node, self.name)
-            if current is None:
-                current = writer.create(
-                    node.Node(
-                        metadata=meta.ObjectMeta(name=self.name, labels=self.labels),
-                    )
-                )
-                writer.record_event(
-                    current, "Registered", f"{len(discovered)} GPU(s)", source=f"agent/{self.name}"
-                )
-            elif any(current.metadata.labels.get(k) != v for k, v in self.labels.items()):
-                current.metadata.labels = {**current.metadata.labels, **self.labels}
-                current = writer.update(current)
-            status = current.status
-            status.gpus = discovered
-            status.heartbeat_time = now
-            status.hostname = socket.gethostname()
-            status.agent_version = gctl.__version__
-            meta.set_condition(
-                status.conditions,
-                "Ready",
-                "True",
-                "AgentReady",
-                "the agent is heartbeating",
-                now=now,
-            )
-            writer.update_status(current)
-
-        store.transact(self.db, work)
+        discovered = heartbeat.attribute(self.db, self.name, self.runtime, self.backend.discover())
+        heartbeat.beat(self.db, self.name, self.labels, discovered, self.clock())
         self.lease.touch()  # only after the heartbeat is in the database
-
-    def _attribute(self, discovered: list[node.GPUInfo]) -> list[node.GPUInfo]:
-        """Tell this agent's jobs' processes from the others on each GPU (a job runs in a
-        session of its own, led by the pid its supervisor recorded): the Node lists only the
-        others, and a job that uses more GPU memory than it declared is stopped where its pool
-        asks for that."""
-        with self.db.read() as session:
-            running = store.Store(session).active_bindings(self.name, frozenset({"Running"}))
-        by_session: dict[int | None, binding.Binding] = {}
-        for bound in running:
-            pid = self.runtime.state(bound.metadata.uid or "").pid
-            if pid is not None:
-                by_session[pid] = bound
-        used: dict[str, dict[int, int]] = {}
-        for gpu in discovered:
-            others = []
-            for process in gpu.processes:
-                owner = by_session.get(_session_of(process.pid))
-                if owner is None:
-                    others.append(process)
-                else:
-                    per_gpu = used.setdefault(owner.metadata.uid or "", {})
-                    per_gpu[gpu.index] = per_gpu.get(gpu.index, 0) + (process.used_memory or 0)
-            gpu.processes = others
-        for bound in running:
-            self._enforce_memory(bound, used.get(bound.metadata.uid or "", {}))
-        return discovered
-
-    def _enforce_memory(self, bound: binding.Binding, used: dict[int, int]) -> None:
-        limit = bound.spec.gpu_memory
-        if not bound.spec.enforce_gpu_memory or limit is None:
-            return
-        over = {index: amount for index, amount in used.items() if amount > limit}
-        if not over:
-            return
-        index, amount = max(over.items(), key=lambda item: item[1])
-        message = (
-            f"used {quantity.format_bytes(amount)} of GPU {index}'s memory, more than its "
-            f"gpuMemory {quantity.format_bytes(limit)}; its pool enforces declared memory"
-        )
-        log.warning("stopping %s: %s", bound.name, message)
-        self.runtime.stop(
-            bound.metadata.uid or "", warn=False, reason=binding.STOP_GPU_MEMORY, message=message
-        )
 
     # -- the attempts --------------------------------------------------------------------------
 
@@ -401,37 +307,7 @@ class Agent:
         self, bound: binding.Binding, owner: job.Job, *, wait_for: tuple[Path, ...] = ()
     ) -> runtime.Launch:
         """What to run for an attempt of `owner`; errors.Invalid if it cannot start here."""
-        gpu_list = ",".join(str(g) for g in bound.spec.gpus)
-        argv = command_argv(owner.spec, gpu_list)
-        env = (
-            dict(os.environ)
-            | owner.spec.env
-            | {
-                owner.spec.gpu_env: gpu_list,
-                "GCTL_JOB_NAME": owner.name,
-                "GCTL_NAMESPACE": owner.namespace,
-                "GCTL_ATTEMPT": str(bound.spec.attempt),
-                "GCTL_GPUS": gpu_list,
-                "GCTL_NODE": self.name,
-            }
-        )
-        return runtime.Launch(
-            uid=bound.metadata.uid or "",
-            argv=argv,
-            env=env,
-            cwd=owner.spec.working_dir,
-            log_path=self.runtime.log_path(owner.namespace, owner.name, bound.spec.attempt),
-            grace_seconds=self.grace_seconds
-            if owner.spec.termination_grace_period_seconds is None
-            else owner.spec.termination_grace_period_seconds,
-            lease_path=self.lease if self.fence_seconds else None,
-            fence_seconds=self.fence_seconds,
-            stop_warning=None
-            if owner.spec.stop_warning is None
-            else (owner.spec.stop_warning.signal, owner.spec.stop_warning.seconds),
-            success_file=owner.spec.success_file,
-            wait_for=wait_for,
-        )
+        return launches.launch_for(self.runtime, self._settings, bound, owner, wait_for=wait_for)
 
     def _launch(self, bound: binding.Binding, launch: runtime.Launch) -> None:
         log.info(
@@ -455,44 +331,11 @@ class Agent:
         return state
 
     def _report(self, bound: binding.Binding, state: runtime.State) -> None:
-        """Write what the host knows about an attempt into the Binding's status, if it moved.
-
-        Running is reported once the supervisor has written the job's pid (its directory
-        watcher wakes the agent when it does), so a Running attempt always has one."""
-        if state.phase not in ("running", "exited", "lost") or (
-            state.phase == "running" and state.pid is None
-        ):
-            return
-        status = bound.status.model_copy(deep=True)
-        now = self.clock()
-        status.log_path = str(
-            self.runtime.log_path(bound.namespace, bound.spec.job_name, bound.spec.attempt)
-        )
-        started = None if state.started is None else datetime.fromtimestamp(state.started, UTC)
-        # An attempt that ended before a pass saw it running still started: say when.
-        status.start_time = status.start_time or started
-        if state.phase == "running":
-            status.phase = "Running"
-            status.pid = state.pid or status.pid
-            status.start_time = status.start_time or now
-        elif state.phase == "exited":
-            status.phase = "Exited"
-            status.pid = state.pid or status.pid
-            status.exit_code = state.exit_code
-            status.signal = state.signal
-            status.finish_time = now
-            status.success_file = _success_file(state.success_file)
-            ended, how = exit_outcome(state)
-            status.reason = (
-                state.reason or (bound.spec.stop_reason if state.stopped else None) or ended
-            )
-            status.message = state.message or how
-        elif state.phase == "lost":
-            status.phase = "Lost"
-            status.finish_time = now
-            status.reason = "Lost"
-            status.message = state.message
-        if status != bound.status:
+        """Write what the host knows about an attempt into the Binding's status, if it moved
+        (`reports.status_after`)."""
+        log_path = self.runtime.log_path(bound.namespace, bound.spec.job_name, bound.spec.attempt)
+        status = reports.status_after(bound, state, self.clock(), log_path)
+        if status is not None and status != bound.status:
             self._reports.append(bound.model_copy(update={"status": status}))
 
     def _flush_reports(self) -> list[binding.Binding]:
@@ -629,42 +472,8 @@ class Agent:
             bell.close()
 
 
-def exit_outcome(state: runtime.State) -> tuple[str, str | None]:
-    """The reason and message of an attempt that exited on its own. With a success file, the
-    file decides and the message names it; the exit code is kept either way."""
-    code = state.exit_code
-    if state.success_file == binding.SUCCESS_FILE_FOUND:
-        if code == 0:
-            return "Completed", f"exit code 0; success file {state.success_path} was written"
-        return "Completed", (
-            f"exit code {code}, but success file {state.success_path} was written, "
-            "so the attempt succeeded"
-        )
-    if state.success_file == binding.SUCCESS_FILE_MISSING:
-        return job.REASON_SUCCESS_FILE_MISSING, (
-            f"exit code {code}; success file {state.success_path} was not written "
-            "after the attempt started"
-        )
-    return ("Completed" if code == 0 else "Error"), None
-
-
-def _success_file(value: str | None) -> binding.SuccessFile | None:
-    if value == binding.SUCCESS_FILE_FOUND:
-        return binding.SUCCESS_FILE_FOUND
-    if value == binding.SUCCESS_FILE_MISSING:
-        return binding.SUCCESS_FILE_MISSING
-    return None
-
-
 def _created(b: binding.Binding) -> datetime:
     return b.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:  # gone, or in another PID namespace (a container): not one of ours
-        return None
 
 
 def _monotonic() -> float:

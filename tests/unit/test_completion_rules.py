@@ -9,7 +9,7 @@ import pytest
 
 from gctl.api import binding, job
 from gctl.cli import rerunning
-from nodeagent import agent, runtime, supervisor
+from nodeagent import reports, runtime, supervisor
 from tests.builders import make_job
 
 
@@ -62,7 +62,7 @@ def test_the_agent_says_what_decided(
         success_file=success_file,
         success_path="/w/done" if success_file else None,
     )
-    assert agent.exit_outcome(state) == (reason, message)
+    assert reports.exit_outcome(state) == (reason, message)
 
 
 def test_no_success_file_no_record(tmp_path: Path) -> None:

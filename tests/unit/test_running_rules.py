@@ -8,7 +8,7 @@ import pytest
 
 from controller import jobs
 from gctl.api import errors
-from nodeagent import agent, runtime, supervisor
+from nodeagent import launches, runtime, supervisor
 from tests.builders import make_job
 
 
@@ -42,14 +42,14 @@ def test_exit_codes_read_like_a_shell(returncode: int, expected: tuple[int, str 
 )
 def test_command_argv(command: list[str] | str, argv: list[str]) -> None:
     spec = make_job("j").build().spec.model_copy(update={"command": command})
-    assert agent.command_argv(spec, "0,1") == argv
+    assert launches.command_argv(spec, "0,1") == argv
 
 
 def test_conda_env_without_conda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     spec = make_job("j").build().spec.model_copy(update={"conda_env": "torch"})
     with pytest.raises(errors.Invalid, match="condaEnv 'torch': conda is not on this node"):
-        agent.command_argv(spec, "0")
+        launches.command_argv(spec, "0")
 
 
 def test_an_attempt_that_ends_while_its_state_is_read_is_not_lost(

@@ -1,0 +1,103 @@
+"""The agent's Node: registered and heartbeated with its GPUs as discovered, each GPU's
+processes told apart (gctl's jobs' from the others), and a job that uses more GPU memory than
+it declared stopped where its pool enforces that."""
+
+import logging
+import os
+import socket
+from datetime import datetime
+
+import gctl
+from gctl.api import binding, meta, node, quantity
+from gctl.store import db, store
+from nodeagent import runtime
+
+log = logging.getLogger("gctl.agent")
+
+
+def beat(
+    database: db.Database,
+    name: str,
+    labels: dict[str, str],
+    discovered: list[node.GPUInfo],
+    now: datetime,
+) -> None:
+    """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready."""
+
+    def work(writer: store.Store) -> None:
+        current = writer.find(node.Node, name)
+        if current is None:
+            current = writer.create(node.Node(metadata=meta.ObjectMeta(name=name, labels=labels)))
+            writer.record_event(
+                current, "Registered", f"{len(discovered)} GPU(s)", source=f"agent/{name}"
+            )
+        elif any(current.metadata.labels.get(k) != v for k, v in labels.items()):
+            current.metadata.labels = {**current.metadata.labels, **labels}
+            current = writer.update(current)
+        status = current.status
+        status.gpus = discovered
+        status.heartbeat_time = now
+        status.hostname = socket.gethostname()
+        status.agent_version = gctl.__version__
+        meta.set_condition(
+            status.conditions, "Ready", "True", "AgentReady", "the agent is heartbeating", now=now
+        )
+        writer.update_status(current)
+
+    store.transact(database, work)
+
+
+def attribute(
+    database: db.Database, name: str, attempts: runtime.Runtime, discovered: list[node.GPUInfo]
+) -> list[node.GPUInfo]:
+    """Tell this node's jobs' processes from the others on each GPU (a job runs in a session
+    of its own, led by the pid its supervisor recorded): the Node lists only the others, and
+    a job that uses more GPU memory than it declared is stopped where its pool asks for that."""
+    with database.read() as session:
+        running = store.Store(session).active_bindings(name, frozenset({"Running"}))
+    by_session: dict[int | None, binding.Binding] = {}
+    for bound in running:
+        pid = attempts.state(bound.metadata.uid or "").pid
+        if pid is not None:
+            by_session[pid] = bound
+    used: dict[str, dict[int, int]] = {}
+    for gpu in discovered:
+        others = []
+        for process in gpu.processes:
+            owner = by_session.get(_session_of(process.pid))
+            if owner is None:
+                others.append(process)
+            else:
+                per_gpu = used.setdefault(owner.metadata.uid or "", {})
+                per_gpu[gpu.index] = per_gpu.get(gpu.index, 0) + (process.used_memory or 0)
+        gpu.processes = others
+    for bound in running:
+        _enforce_memory(attempts, bound, used.get(bound.metadata.uid or "", {}))
+    return discovered
+
+
+def _enforce_memory(
+    attempts: runtime.Runtime, bound: binding.Binding, used: dict[int, int]
+) -> None:
+    limit = bound.spec.gpu_memory
+    if not bound.spec.enforce_gpu_memory or limit is None:
+        return
+    over = {index: amount for index, amount in used.items() if amount > limit}
+    if not over:
+        return
+    index, amount = max(over.items(), key=lambda item: item[1])
+    message = (
+        f"used {quantity.format_bytes(amount)} of GPU {index}'s memory, more than its "
+        f"gpuMemory {quantity.format_bytes(limit)}; its pool enforces declared memory"
+    )
+    log.warning("stopping %s: %s", bound.name, message)
+    attempts.stop(
+        bound.metadata.uid or "", warn=False, reason=binding.STOP_GPU_MEMORY, message=message
+    )
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone, or in another PID namespace (a container): not one of ours
+        return None

@@ -1,0 +1,79 @@
+"""What to run for an attempt: the command line and environment of a Job on its GPUs, as the
+node agent hands them to a supervisor (runtime.Launch)."""
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from gctl.api import binding, errors, job
+from nodeagent import runtime
+
+
+def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
+    """What to exec: a string runs with /bin/sh -c, a lone `.sh` path with bash, `{gpus}` in an
+    argument becomes the GPU list, and condaEnv wraps it all in `conda run`."""
+    if isinstance(spec.command, str):
+        argv = ["/bin/sh", "-c", spec.command.replace("{gpus}", gpu_list)]
+    else:
+        argv = [arg.replace("{gpus}", gpu_list) for arg in spec.command]
+        if len(argv) == 1 and argv[0].endswith(".sh"):
+            argv = ["bash", *argv]
+    if spec.conda_env:
+        conda = shutil.which("conda")
+        if conda is None:
+            raise errors.Invalid(
+                f"spec.condaEnv {spec.conda_env!r}: conda is not on this node's PATH"
+            )
+        argv = [conda, "run", "-n", spec.conda_env, "--no-capture-output", *argv]
+    return argv
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The agent's part of every launch: who runs it, and how it may be stopped."""
+
+    node_name: str
+    grace_seconds: float
+    lease_path: Path | None  # None: no fencing
+    fence_seconds: float
+
+
+def launch_for(
+    attempts: runtime.Runtime,
+    settings: Settings,
+    bound: binding.Binding,
+    owner: job.Job,
+    *,
+    wait_for: tuple[Path, ...] = (),
+) -> runtime.Launch:
+    """What to run for an attempt of `owner`; errors.Invalid if it cannot start here."""
+    gpu_list = ",".join(str(g) for g in bound.spec.gpus)
+    argv = command_argv(owner.spec, gpu_list)
+    env = (
+        dict(os.environ)
+        | owner.spec.env
+        | {
+            owner.spec.gpu_env: gpu_list,
+            "GCTL_JOB_NAME": owner.name,
+            "GCTL_NAMESPACE": owner.namespace,
+            "GCTL_ATTEMPT": str(bound.spec.attempt),
+            "GCTL_GPUS": gpu_list,
+            "GCTL_NODE": settings.node_name,
+        }
+    )
+    grace = owner.spec.termination_grace_period_seconds
+    warning = owner.spec.stop_warning
+    return runtime.Launch(
+        uid=bound.metadata.uid or "",
+        argv=argv,
+        env=env,
+        cwd=owner.spec.working_dir,
+        log_path=attempts.log_path(owner.namespace, owner.name, bound.spec.attempt),
+        grace_seconds=settings.grace_seconds if grace is None else grace,
+        lease_path=settings.lease_path,
+        fence_seconds=settings.fence_seconds,
+        stop_warning=None if warning is None else (warning.signal, warning.seconds),
+        success_file=owner.spec.success_file,
+        wait_for=wait_for,
+    )

@@ -1,0 +1,72 @@
+"""What the node agent reports of an attempt: the Binding status that says what its host knows
+of it (runtime.State), and how an exit is worded."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gctl.api import binding, job
+from nodeagent import runtime
+
+REPORTED = frozenset({"running", "exited", "lost"})  # the states a Binding's status tells
+
+
+def status_after(
+    bound: binding.Binding, state: runtime.State, now: datetime, log_path: Path
+) -> binding.BindingStatus | None:
+    """The attempt's status once what its host knows is written into it; None when there is
+    nothing to tell yet. Running is told once the supervisor wrote the job's pid, so a
+    Running attempt always has one."""
+    if state.phase not in REPORTED or (state.phase == "running" and state.pid is None):
+        return None
+    status = bound.status.model_copy(deep=True)
+    status.log_path = str(log_path)
+    started = None if state.started is None else datetime.fromtimestamp(state.started, UTC)
+    # An attempt that ended before a pass saw it running still started: say when.
+    status.start_time = status.start_time or started
+    if state.phase == "running":
+        status.phase = "Running"
+        status.pid = state.pid or status.pid
+        status.start_time = status.start_time or now
+    elif state.phase == "exited":
+        status.phase = "Exited"
+        status.pid = state.pid or status.pid
+        status.exit_code = state.exit_code
+        status.signal = state.signal
+        status.finish_time = now
+        status.success_file = _success_file(state.success_file)
+        ended, how = exit_outcome(state)
+        status.reason = state.reason or (bound.spec.stop_reason if state.stopped else None) or ended
+        status.message = state.message or how
+    elif state.phase == "lost":
+        status.phase = "Lost"
+        status.finish_time = now
+        status.reason = "Lost"
+        status.message = state.message
+    return status
+
+
+def exit_outcome(state: runtime.State) -> tuple[str, str | None]:
+    """The reason and message of an attempt that exited on its own. With a success file, the
+    file decides and the message names it; the exit code is kept either way."""
+    code = state.exit_code
+    if state.success_file == binding.SUCCESS_FILE_FOUND:
+        if code == 0:
+            return "Completed", f"exit code 0; success file {state.success_path} was written"
+        return "Completed", (
+            f"exit code {code}, but success file {state.success_path} was written, "
+            "so the attempt succeeded"
+        )
+    if state.success_file == binding.SUCCESS_FILE_MISSING:
+        return job.REASON_SUCCESS_FILE_MISSING, (
+            f"exit code {code}; success file {state.success_path} was not written "
+            "after the attempt started"
+        )
+    return ("Completed" if code == 0 else "Error"), None
+
+
+def _success_file(value: str | None) -> binding.SuccessFile | None:
+    if value == binding.SUCCESS_FILE_FOUND:
+        return binding.SUCCESS_FILE_FOUND
+    if value == binding.SUCCESS_FILE_MISSING:
+        return binding.SUCCESS_FILE_MISSING
+    return None
