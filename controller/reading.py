@@ -267,6 +267,9 @@ def queued_requests(world: World) -> list[tuple[placement.Request, Wire]]:
         w = world.running.get((allocation.namespace, allocation.job))
         if w is None or w["spec"].get("suspend") or w["metadata"].get("deletionTimestamp"):
             continue
+        token = w["metadata"].get("annotations", {}).get(job.ANNOTATION_RERUN)
+        if token and token != w["status"].get("rerun"):
+            continue  # to be re-run: its reconcile withdraws the attempt
         found.append((dataclasses.replace(request_of(w, world), queued=allocation), w))
     return found
 

@@ -152,24 +152,22 @@ def _apply(
     """Jobs bound ahead that move or wait again give up their places first; then binds,
     preemptions, and what waiting Jobs are told, in queue order."""
     pools = world.snapshot.pools
+    held = _held_back(decisions, world)
     changed = [d for d in decisions if placement.changes(d)]
-    asked: set[Key] = set()  # Jobs whose armed attempts are asked back: they wait for it
     for d in changed:
-        if d.request.queued is not None:
-            shared = world.bindings[(d.request.queued.namespace, d.request.queued.binding)]
-            if binding.armed(shared.status):
-                jobs.ask_back(writer, shared.model_copy(deep=True))
-                asked.add((d.request.namespace, d.request.name))
-                continue
+        queued = d.request.queued
+        if queued is None:
+            continue
+        shared = world.bindings[(queued.namespace, queued.binding)]
+        if binding.armed(shared.status):
+            jobs.ask_back(writer, shared.model_copy(deep=True))
+        elif id(d) not in held:
             _give_up_place(writer, d, by_key, world, now)
     _rearmable(writer, decisions, world)
+    decisions = [d for d in decisions if id(d) not in held]
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
     batch: list[tuple[placement.Decision, job.Job]] = []
-    placed = [
-        d
-        for d in changed
-        if d.placement is not None and (d.request.namespace, d.request.name) not in asked
-    ]
+    placed = [d for d in changed if d.placement is not None and id(d) not in held]
     late = False
     for count, d in enumerate(placed):
         # A Job that moves has given up its place already: it is bound whatever the time.
@@ -190,6 +188,42 @@ def _apply(
     for d in decisions:
         if d.placement is None:
             _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+
+
+def _held_back(decisions: list[placement.Decision], world: reading.World) -> set[int]:
+    """The decisions (by id) this pass does not apply: an armed attempt it wants elsewhere is
+    asked back, not removed, and until its agent gives it back its supervisor may start it on
+    its GPUs at any moment. So whatever the plan built on those GPUs freeing waits for the next
+    pass too: placements and preemptions on them, Jobs placed after a held one, and what the
+    asked-back Job itself would do (its move, its victims, being told it waits)."""
+    asked = [
+        d
+        for d in decisions
+        if (queued := d.request.queued) is not None
+        and placement.changes(d)
+        and binding.armed(world.bindings[(queued.namespace, queued.binding)].status)
+    ]
+    if not asked:
+        return set()
+    gpus = {(a.node, g) for d in asked if (a := d.request.queued) is not None for g in a.gpus}
+    held = {id(d) for d in asked}
+    held_requests = {id(d.request) for d in asked}
+    grew = True
+    while grew:  # a Job placed after a held one is held, and so on down the chain
+        grew = False
+        for d in decisions:
+            if id(d) in held:
+                continue
+            p = d.placement
+            touched = [(v.node, g) for v in d.victims for g in v.gpus]
+            if p is not None:
+                touched += [(p.node, g) for g in p.gpus]
+            behind = p is not None and any(id(before) in held_requests for before in p.after)
+            if behind or any(place in gpus for place in touched):
+                held.add(id(d))
+                held_requests.add(id(d.request))
+                grew = True
+    return held
 
 
 def _rearmable(

@@ -73,6 +73,7 @@ class Agent:
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
         self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes or arms
         self._arming: dict[str, runtime.Launch] = {}  # launches of those it arms, by uid
+        self._bindings: list[binding.Binding] = []  # this node's, as this pass read them
         self._started = 0  # attempts this pass started
         self._seen: dict[str, runtime.State] = {}  # attempts' states as this pass found them
         # This node's cordoned or draining GPUs, read when a pass first wants to take an attempt
@@ -105,6 +106,7 @@ class Agent:
             bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         bound_uids = {b.metadata.uid for b in bindings}
+        self._bindings = bindings
         self._reports = []
         self._taking = []
         self._arming = {}
@@ -230,14 +232,33 @@ class Agent:
             if wanted_back and self.runtime.disarm(uid):
                 self._untake(bound)
             return
-        # Taken back (its supervisor may linger), or armed in the database only (the agent
-        # died before launching it, or the host restarted): pending again, to be taken or
-        # armed anew.
+        # Taken back (its supervisor may linger: told again), or armed in the database only
+        # (the agent died before launching it, or the host restarted): pending again, to be
+        # taken or armed anew.
+        if state.phase == "disarming":
+            self.runtime.disarm(uid)
         self._untake(bound)
 
     def _untake(self, bound: binding.Binding) -> None:
         status = bound.status.model_copy(update={"phase": "Pending", "observed_generation": None})
         self._reports.append(bound.model_copy(update={"status": status}))
+        self.wake.set()  # to take or arm it anew; the feed skips this agent's own writes
+
+    def _gpus_held_here(self, bound: binding.Binding) -> bool:
+        """Whether another attempt holds one of this one's GPUs on this host: one armed for it
+        (its supervisor may start it at any moment), or a whole-GPU job running here (a Lost
+        one being stopped). The scheduler places nothing there; this is the backstop for a
+        race with it, so that two jobs never share a whole GPU: it starts when they are gone."""
+        gpus = set(bound.spec.gpus)
+        for other in self._bindings:
+            if other is bound or not gpus & set(other.spec.gpus):
+                continue
+            here = self._state(other.metadata.uid or "").phase
+            whole = bound.spec.gpu_share >= 1 and other.spec.gpu_share >= 1
+            if here in ("armed", "disarming") or (here == "running" and whole):
+                log.info("%s waits: GPUs [%s] are still held here", bound.name, span(gpus))
+                return True
+        return False
 
     def _closed_gpus(self) -> set[int]:
         """This node's GPUs that take no new attempt (cordoned or draining)."""
@@ -276,7 +297,7 @@ class Agent:
                     bound,
                     runtime.State("exited", reason=bound.spec.stop_reason, message=_NOT_STARTED),
                 )
-            else:
+            elif not self._gpus_held_here(bound):
                 self._start(bound)
             return
         if state.phase == "lost":
@@ -377,7 +398,7 @@ class Agent:
         elif state.phase == "armed":
             self.runtime.disarm(uid)  # its job never starts; tidied once its supervisor ended
         elif state.phase == "disarming":
-            pass
+            self.runtime.disarm(uid)  # told again: it may have missed it
         elif tidy:
             if state.phase == "lost":
                 self.runtime.kill_lost(uid)
@@ -470,6 +491,10 @@ class Agent:
                     self.wake.set()
         finally:
             bell.close()
+
+
+def span(gpus: set[int]) -> str:
+    return ",".join(str(g) for g in sorted(gpus))
 
 
 def _created(b: binding.Binding) -> datetime:

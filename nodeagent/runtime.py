@@ -186,7 +186,7 @@ class Runtime:
         )
         marker = directory / supervisor.ARMED
         if launch.wait_for:
-            marker.touch()
+            marker.write_bytes(b"")  # its supervisor's pid is written into it once known
         else:
             marker.unlink(missing_ok=True)
 
@@ -274,7 +274,7 @@ def _note_armed_pid(directory: Path, pid: int) -> None:
     lock, and so looks armed, from the moment it is forked). Never creates the marker: gone,
     the supervisor has fired already."""
     try:
-        fd = os.open(directory / supervisor.ARMED, os.O_WRONLY)
+        fd = os.open(directory / supervisor.ARMED, os.O_WRONLY | os.O_TRUNC)
     except FileNotFoundError:
         return
     try:

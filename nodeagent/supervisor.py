@@ -286,7 +286,10 @@ class _Turn:
             return
         try:
             self.blocked = True
-            fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the holder's exclusive lock goes
+            # A request that came before `blocked` was set raised nothing: seen here instead
+            # (the agent changes the markers before it signals).
+            if self._still_armed():
+                fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the holder's exclusive lock goes
         finally:
             self.blocked = False
             os.close(fd)

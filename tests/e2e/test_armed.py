@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent import runtime, supervisor
+from gctl.api import binding, job, meta
+from gctl.store import db, store
+from nodeagent import agent, gpus, runtime, supervisor
+from tests.builders import make_job
 
 DEADLINE = 20.0
 
@@ -173,3 +176,71 @@ def test_an_armed_attempt_does_not_start_after_a_supervisor_that_died_without_a_
     assert not (tmp_path / "second-start").exists()
     assert (node.attempts_dir / "second" / supervisor.CANCELLED).exists()
     node.kill_lost("first")
+
+
+# -- the agent's backstop: nothing starts on a GPU an armed attempt may take ------------------
+
+
+def _bind(
+    writer: store.Store, job_name: str, on: list[int], *, after: tuple[str, ...] = ()
+) -> binding.Binding:
+    owner = writer.get(job.Job, job_name, "default")
+    return writer.create(
+        binding.Binding(
+            metadata=meta.ObjectMeta(name=f"{job_name}-1", namespace="default"),
+            spec=binding.BindingSpec(
+                job_name=job_name,
+                job_uid=owner.metadata.uid or "",
+                attempt=1,
+                node="n1",
+                gpus=on,
+                after=list(after),
+            ),
+        )
+    )
+
+
+def test_the_agent_starts_nothing_on_a_gpu_armed_for_another_attempt(tmp_path: Path) -> None:
+    """A race with the scheduler could bind `z` to a GPU on which `y` is armed (the pass that
+    asks `y` back to move it): `z` waits until `y` is gone, as armed or as running, so two
+    jobs never share the GPU."""
+    database = db.Database.open(str(tmp_path / "gctl.db"))
+    node_agent = agent.Agent(database, "n1", gpus.FakeGPUs(1), tmp_path / "state", fence_seconds=0)
+    release = tmp_path / "release"
+    scripts = {
+        "a": f"while [ ! -e {release} ]; do sleep 0.02; done",
+        "y": f"date +%s.%N > {tmp_path}/y-start; sleep 0.5; date +%s.%N > {tmp_path}/y-end",
+        "z": f"date +%s.%N > {tmp_path}/z-start",
+    }
+    try:
+        node_agent.heartbeat()
+        with database.write() as session:
+            writer = store.Store(session)
+            for name, script in scripts.items():
+                writer.create(make_job(name).command("bash", "-c", script).build())
+            a = _bind(writer, "a", [0])
+        _until(lambda: _synced_phase(node_agent, database, "a-1") == "Running", "a to run")
+        with database.write() as session:
+            _bind(store.Store(session), "y", [0], after=(a.metadata.uid or "",))
+        _until(lambda: _synced_phase(node_agent, database, "y-1") == "Armed", "y to be armed")
+        with database.write() as session:
+            _bind(store.Store(session), "z", [0])  # the race: bound where `y` is armed
+        for _ in range(3):
+            node_agent.sync()
+        assert _phase_of(database, "z-1") == "Pending"
+        release.touch()
+        _until(lambda: _synced_phase(node_agent, database, "z-1") == "Exited", "z to run")
+        assert float((tmp_path / "z-start").read_text()) > float((tmp_path / "y-end").read_text())
+    finally:
+        node_agent.runtime.close()
+        database.close()
+
+
+def _phase_of(database: db.Database, name: str) -> str:
+    with database.read() as session:
+        return store.Store(session).get(binding.Binding, name, "default").status.phase
+
+
+def _synced_phase(node_agent: agent.Agent, database: db.Database, name: str) -> str:
+    node_agent.sync()
+    return _phase_of(database, name)

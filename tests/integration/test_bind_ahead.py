@@ -344,3 +344,61 @@ def test_a_lost_node_loses_an_armed_attempt(database: db.Database) -> None:
     seen: nodes.Seen = {}
     store.transact(database, lambda w: nodes.reconcile(w, "n1", T0, timedelta(seconds=40), seen))
     assert _binding(database, "next-1").status.phase == "Lost"
+
+
+def test_what_an_armed_attempt_asked_back_frees_is_not_given_away_in_the_same_pass(
+    database: db.Database,
+) -> None:
+    """The pass that asks `y` back (armed on n1 [0,1], GPU 0 free, GPU 1 busy) must not bind
+    `z` to n1 GPU 0: `y`'s supervisor may start it there before its agent gives it back."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 2, T0)
+        for name, seconds in (("a", 60), ("b", 600)):
+            j = make_job(name).build()
+            j.spec.active_deadline_seconds = seconds
+            writer.create(j)
+    _schedule(database)
+    report_attempt(database, "a-1", "Running", T0)
+    report_attempt(database, "b-1", "Running", T0)
+    with database.write() as session:
+        store.Store(session).create(make_job("y").gpus(2).build())
+    _schedule(database)
+    _arm(database, "y-1")
+    report_attempt(database, "a-1", "Exited", T0, exit_code=0)
+    _reconcile(database, "a")
+    _schedule(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n2", 2, T0)  # two GPUs free elsewhere: `y` should move there
+        writer.create(make_job("z").build())
+    _schedule(database)
+    asked = _binding(database, "y-1")
+    assert (asked.spec.node, asked.status.phase, asked.spec.disarm) == ("n1", "Armed", True)
+    assert _attempts(database, "z") == []  # held back: n1 GPU 0 is not free yet
+    _give_back(database, "y-1")
+    _schedule(database)
+    (moved,) = _attempts(database, "y")
+    (z,) = _attempts(database, "z")
+    assert (moved.spec.node, moved.spec.gpus) == ("n2", [0, 1])
+    assert (z.spec.node, z.spec.gpus) == ("n1", [0])
+
+
+def test_a_pass_before_the_rerun_is_acted_on_does_not_arm_the_old_attempt_again(
+    database: db.Database,
+) -> None:
+    """Given back for a re-run, the attempt is the re-run's to withdraw: a pass that comes
+    first must not clear the request for it back (its agent would arm it again)."""
+    _two_busy_gpus(database)
+    _arm(database, "next-1")
+    with database.write() as session:
+        writer = store.Store(session)
+        j = writer.get(job.Job, "next", "default")
+        j.metadata.annotations[job.ANNOTATION_RERUN] = "token-1"
+        writer.update(j)
+    _reconcile(database, "next")
+    _give_back(database, "next-1")
+    _schedule(database)
+    assert _binding(database, "next-1").spec.disarm
+    _reconcile(database, "next")
+    assert _attempts(database, "next") == []
