@@ -29,8 +29,9 @@ RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
 # Jobs reconciled in one transaction; small enough that agents are never held up for long.
 BATCH = 32
-# Jobs reconciled in one round of the loop, the rest left for the next: a pass runs in every
-# round, so that thousands of attempts reported Running at once do not hold the queue back.
+# Jobs reconciled in one round of the loop (one batch when a pass runs in it), the rest left
+# for the next, so that thousands of attempts reported Running at once do not hold back the
+# passes that bind the queue.
 JOBS_PER_ROUND = 8 * BATCH
 # Nodes reconciled in one transaction: most only restart their heartbeat timer, a read.
 NODE_BATCH = 500
@@ -206,8 +207,12 @@ class Controller:
                 dirty |= self._guarded(self.resync, RESYNC) or {RESYNC}
             keys = sorted(dirty - {RESYNC}, key=lambda k: k == SCHEDULE)  # schedule last
             backlog |= dict.fromkeys(k for k in keys if k[0] == "Job")
-            job_keys = list(backlog)[:JOBS_PER_ROUND]
-            backlog = dict.fromkeys(list(backlog)[JOBS_PER_ROUND:])
+            # With a pass to run, one batch first: most Jobs in a big backlog only follow
+            # their attempts' reports (Running), which free no GPU and bind nothing, while
+            # the pass binds GPUs (it reads the Bindings themselves, not the Jobs).
+            per_round = BATCH if SCHEDULE in keys else JOBS_PER_ROUND
+            job_keys = list(backlog)[:per_round]
+            backlog = dict.fromkeys(list(backlog)[per_round:])
             node_keys = [k for k in keys if k[0] == "Node"]
             keys = [k for k in keys if k[0] not in ("Job", "Node")]
             for batch, size in ((job_keys, BATCH), (node_keys, NODE_BATCH)):
