@@ -29,9 +29,9 @@ RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
 # Jobs reconciled in one transaction; small enough that agents are never held up for long.
 BATCH = 32
-# Jobs reconciled in one round of the loop (one batch when a pass runs in it), the rest left
-# for the next, so that thousands of attempts reported Running at once do not hold back the
-# passes that bind the queue.
+# Jobs reconciled in one round of the loop (one batch after the pass when it runs one), the
+# rest left for the next, so that thousands of attempts reported Running at once do not hold
+# back the passes that bind the queue.
 JOBS_PER_ROUND = 8 * BATCH
 # Nodes reconciled in one transaction: most only restart their heartbeat timer, a read.
 NODE_BATCH = 500
@@ -205,12 +205,15 @@ class Controller:
             if RESYNC in dirty:
                 dirty.discard(RESYNC)
                 dirty |= self._guarded(self.resync, RESYNC) or {RESYNC}
-            keys = sorted(dirty - {RESYNC}, key=lambda k: k == SCHEDULE)  # schedule last
+            keys = sorted(dirty - {RESYNC, SCHEDULE})
             backlog |= dict.fromkeys(k for k in keys if k[0] == "Job")
-            # With a pass to run, one batch first: most Jobs in a big backlog only follow
-            # their attempts' reports (Running), which free no GPU and bind nothing, while
-            # the pass binds GPUs (it reads the Bindings themselves, not the Jobs).
-            per_round = BATCH if SCHEDULE in keys else JOBS_PER_ROUND
+            # The pass first, then one batch of Jobs: most Jobs in a big backlog only follow
+            # their attempts' reports (Running, Exited), which bind nothing, while the pass
+            # binds GPUs (it reads the Bindings themselves, not the Jobs).
+            scheduling_pass = functools.partial(self.reconcile, SCHEDULE)
+            if SCHEDULE in dirty and self._guarded(scheduling_pass, SCHEDULE) is None:
+                heapq.heappush(self._timers, (self.clock() + timedelta(seconds=1), SCHEDULE))
+            per_round = BATCH if SCHEDULE in dirty else JOBS_PER_ROUND
             job_keys = list(backlog)[:per_round]
             backlog = dict.fromkeys(list(backlog)[per_round:])
             node_keys = [k for k in keys if k[0] == "Node"]
