@@ -76,6 +76,8 @@ class Agent:
         self._bindings: list[binding.Binding] = []  # this node's, as this pass read them
         self._started = 0  # attempts this pass started
         self._seen: dict[str, runtime.State] = {}  # attempts' states as this pass found them
+        # The Jobs of the attempts this pass may start, read together when first needed
+        self._owners: dict[tuple[str, str], job.Job | None] | None = None
         # This node's cordoned or draining GPUs, read when a pass first wants to take an attempt
         # and kept while the feed shows no change to the Node (`_node_changes` counts them).
         self._closed: tuple[int, set[int]] | None = None
@@ -111,6 +113,7 @@ class Agent:
         self._taking = []
         self._arming = {}
         self._seen = {}
+        self._owners = None
         self._started = 0
         for bound in bindings:
             try:
@@ -137,6 +140,7 @@ class Agent:
                 self.wake.set()
         if taken:
             self._flush_reports()
+        self.runtime.settle()
         known = self.runtime.known()
         self._untidy.intersection_update(known)
         for uid in known:
@@ -185,9 +189,8 @@ class Agent:
         once that write commits. One whose Job cannot start waits for the take, which says
         why."""
         uid = bound.metadata.uid or ""
-        with self.db.read() as session:
-            owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
-        if owner is None or owner.metadata.uid != bound.spec.job_uid:
+        owner = self._owner(bound)
+        if owner is None:
             return
         wait_for = tuple(self.runtime.lock_path(before) for before in running)
         try:
@@ -304,10 +307,34 @@ class Agent:
             self.runtime.kill_lost(uid)
         self._report(bound, state)
 
-    def _start(self, bound: binding.Binding) -> None:
-        with self.db.read() as session:
-            owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
+    def _owner(self, bound: binding.Binding) -> job.Job | None:
+        """The Job an attempt of this pass runs, None if it was deleted (or replaced by one of
+        the same name). The Jobs of every attempt not yet started are read together, once a
+        pass, when the first of them is needed."""
+        key = (bound.namespace, bound.spec.job_name)
+        if self._owners is None:
+            wanted: dict[str, list[str]] = {}
+            for b in self._bindings:
+                if b.status.phase in ("Pending", "Starting"):
+                    wanted.setdefault(b.namespace, []).append(b.spec.job_name)
+            self._owners = {(ns, name): None for ns, names in wanted.items() for name in names}
+            with self.db.read() as session:
+                reader = store.Store(session)
+                for namespace, names in wanted.items():
+                    for found in reader.find_many(job.Job, namespace, names):
+                        self._owners[(found.namespace, found.name)] = found
+        if key in self._owners:
+            owner = self._owners[key]
+        else:  # not one this pass read
+            with self.db.read() as session:
+                owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
         if owner is None or owner.metadata.uid != bound.spec.job_uid:
+            return None
+        return owner
+
+    def _start(self, bound: binding.Binding) -> None:
+        owner = self._owner(bound)
+        if owner is None:
             self._report(
                 bound,
                 runtime.State(

@@ -9,6 +9,7 @@ to trust and no window between launching it and it taking the lock; `pid.json` a
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -74,10 +75,12 @@ class Runtime:
         self.attempts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._forker = _ForkServer()
+        self._tidier = _Tidier(state_dir / "trash")
 
     def close(self) -> None:
-        """Stop the fork server (supervisors it started keep running)."""
+        """Stop the fork server (supervisors it started keep running) and the tidier."""
         self._forker.close()
+        self._tidier.close()
 
     def log_path(self, namespace: str, job: str, attempt: int) -> Path:
         return self.logs_dir / namespace / job / f"attempt-{attempt}.log"
@@ -208,17 +211,24 @@ class Runtime:
             # A forked supervisor writes `launched.json` first thing, off the agent's path. One
             # in a fresh interpreter may fail to start at all, so it is written for it here,
             # before it starts (after, the two writers would share the temporary file).
-            pid = self._forker.fork(directory, lock_fd)
-            if pid is None:
-                supervisor.write_atomically(
-                    directory / supervisor.LAUNCHED, {"bootId": supervisor.boot_id()}, durable=False
-                )
-                pid = _start_supervisor(directory, lock_fd)
+            if self._forker.fork(directory, armed=bool(launch.wait_for), lock_fd=lock_fd):
+                return State("running")  # an armed one's pid is noted by `settle`
+            supervisor.write_atomically(
+                directory / supervisor.LAUNCHED, {"bootId": supervisor.boot_id()}, durable=False
+            )
+            pid = _start_supervisor(directory, lock_fd)
             if launch.wait_for:
                 _note_armed_pid(directory, pid)
         finally:
             os.close(lock_fd)
         return State("running")
+
+    def settle(self) -> None:
+        """Note the pids of the armed supervisors forked since the last call in their markers
+        (`_note_armed_pid`). The agent calls it once a pass, after its launches: waiting for
+        each fork's reply as it is made would cost every launch the fork's time."""
+        for directory, pid in self._forker.replies():
+            _note_armed_pid(directory, pid)
 
     def stop(
         self, uid: str, *, warn: bool = True, reason: str | None = None, message: str | None = None
@@ -226,6 +236,7 @@ class Runtime:
         """Ask the supervisor to stop the job: its warning signal first (if it asked for one
         and `warn`), then SIGTERM, then SIGKILL after the grace period. A `reason` given here
         is the one the attempt reports when it has exited."""
+        self.settle()
         directory = self.attempts_dir / uid
         record = supervisor.read_json(directory / supervisor.PID)
         phase = self.state(uid).phase
@@ -245,6 +256,7 @@ class Runtime:
         """Take an armed attempt back from its supervisor before it starts the job: True if
         taken (the supervisor ends without starting it), False if it started meanwhile (or
         stopped, or was never armed): then its state says what became of it."""
+        self.settle()
         directory = self.attempts_dir / uid
         try:
             os.rename(directory / supervisor.ARMED, directory / supervisor.DISARMED)
@@ -264,8 +276,9 @@ class Runtime:
                 os.killpg(int(record["pid"]), signal.SIGKILL)
 
     def forget(self, uid: str) -> None:
-        """Remove a finished attempt's directory (its log stays)."""
-        shutil.rmtree(self.attempts_dir / uid, ignore_errors=True)
+        """Remove a finished attempt's directory (its log stays): moved out of `attempts` at
+        once, so the attempt is absent from then on, and removed by the tidier."""
+        self._tidier.remove(self.attempts_dir / uid)
 
 
 def _note_armed_pid(directory: Path, pid: int) -> None:
@@ -317,32 +330,110 @@ def _start_supervisor(directory: Path, lock_fd: int) -> int:
         ).pid
 
 
+class _Tidier:
+    """Removes the directories of ended attempts in a thread of its own. Removing one takes a
+    dozen unlinks, milliseconds on a busy disk, that the agent's pass would otherwise spend
+    between one GPU's hand-off and the next: the pass only renames the directory into
+    `trash` (one rename, on the same file system), and this thread removes what is there,
+    including what a killed agent left."""
+
+    def __init__(self, trash: Path) -> None:
+        self.trash = trash
+        self.trash.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._count = itertools.count()
+        self._work = threading.Event()
+        self._closing = False
+        self._work.set()  # what an earlier agent left
+        self._thread = threading.Thread(target=self._run, daemon=True, name="agent-tidy")
+        self._thread.start()
+
+    def remove(self, directory: Path) -> None:
+        # Unique in the trash: the same attempt may be forgotten again (armed, given back,
+        # launched anew and ended) before its first directory is gone.
+        target = self.trash / f"{directory.name}.{os.getpid()}.{next(self._count)}"
+        try:
+            os.rename(directory, target)
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # not movable: removed here, as before
+            log.warning("cannot move %s to %s (%s); removing it in place", directory, target, exc)
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        self._work.set()
+
+    def _run(self) -> None:
+        while True:
+            self._work.wait()
+            self._work.clear()
+            for entry in sorted(self.trash.iterdir()):
+                shutil.rmtree(entry, ignore_errors=True)
+            if self._closing:
+                return
+
+    def close(self) -> None:
+        self._closing = True
+        self._work.set()
+        self._thread.join(timeout=5)
+
+
+REPLY_TIMEOUT_S = 10.0
 SERVER_ARGV = (sys.executable, "-I", "-S", supervisor.__file__, "--fork-server")
 
 
 class _ForkServer:
-    """The agent's end of `supervisor.serve`, started on first use and again if it died."""
+    """The agent's end of `supervisor.serve`, started on first use and again if it died.
+
+    A request is sent without waiting for its reply (the new supervisor's pid), and `replies`
+    collects them later, in order. A request the server never answers (it died) leaves its
+    attempt launched by nobody: its lock is free and it has no `launched.json`, so it is
+    absent, and launched again by the next pass."""
+
+    MAX_ASKED = 64  # unanswered requests: then their replies are read before the next one
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
+        self._asked: list[tuple[Path, bool]] = []  # (directory, armed) of unanswered requests
+        self._armed: list[tuple[Path, int]] = []  # (directory, pid) of armed ones answered
 
-    def fork(self, directory: Path, lock_fd: int) -> int | None:
-        """The pid of a supervisor forked for `directory`, or None if the server failed (the
-        caller starts one directly; the server is started again next time)."""
+    def fork(self, directory: Path, *, armed: bool, lock_fd: int) -> bool:
+        """Ask for a supervisor for `directory`: False if the server failed (the caller starts
+        one directly; the server is started again next time)."""
         with self._lock:
+            if len(self._asked) >= self.MAX_ASKED:
+                self._collect()
             try:
                 server = self._socket or self._start()
                 socket.send_fds(server, [os.fsencode(directory)], [lock_fd])
-                reply = server.recv(64)
-                if not reply:
-                    raise OSError("the fork server closed its socket")
-                return int(reply)
-            except (OSError, ValueError) as exc:
+            except OSError as exc:
                 log.warning("supervisor fork server failed (%s); starting one directly", exc)
                 self._stop()
-                return None
+                return False
+            self._asked.append((directory, armed))
+            return True
+
+    def replies(self) -> list[tuple[Path, int]]:
+        """(directory, pid) of the armed supervisors asked for since the last call."""
+        with self._lock:
+            self._collect()
+            armed, self._armed = self._armed, []
+            return armed
+
+    def _collect(self) -> None:
+        asked, self._asked = self._asked, []
+        for directory, armed in asked:
+            try:
+                reply = self._socket.recv(64) if self._socket is not None else b""
+                if not reply:
+                    raise OSError("the fork server closed its socket")
+                pid = int(reply)
+            except (OSError, ValueError) as exc:
+                log.warning("supervisor fork server failed (%s)", exc)
+                self._stop()
+                return
+            if armed:
+                self._armed.append((directory, pid))
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -360,10 +451,12 @@ class _ForkServer:
             raise
         finally:
             theirs.close()
+        ours.settimeout(REPLY_TIMEOUT_S)  # a server that hangs is stopped, and started again
         self._socket = ours
         return ours
 
     def _stop(self) -> None:
+        self._asked = []  # never answered now
         if self._socket is not None:
             self._socket.close()  # the server reads EOF and exits
             self._socket = None
@@ -373,6 +466,7 @@ class _ForkServer:
             self._process = None
 
     def close(self) -> None:
+        self.replies()
         with self._lock:
             self._stop()
 

@@ -1,12 +1,36 @@
-"""The fixture of the end-to-end tests that run gctl's daemons."""
+"""The fixtures of the end-to-end tests: gctl's daemons, and a node's runtime alone."""
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from nodeagent import runtime
 from tests.conftest import Gctl
 from tests.e2e.test_jobs import Cluster
+
+DEADLINE = 20.0
+
+
+def until(check: Callable[[], bool], what: str) -> None:
+    """Wait for `check` to hold, at most 20 s."""
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[runtime.Runtime]:
+    """A node's runtime in a state directory of the test's; whatever it started is stopped."""
+    attempts = runtime.Runtime(tmp_path / "state")
+    yield attempts
+    for uid in attempts.known():  # nothing outlives the test
+        attempts.stop(uid, warn=False)
+        attempts.kill_lost(uid)
+    attempts.close()
 
 
 @pytest.fixture

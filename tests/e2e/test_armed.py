@@ -8,35 +8,14 @@ processes. The jobs are shell commands that write the time they start and end.""
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from gctl.api import binding, job, meta
 from gctl.store import db, store
 from nodeagent import agent, gpus, runtime, supervisor
 from tests.builders import make_job
-
-DEADLINE = 20.0
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[runtime.Runtime]:
-    attempts = runtime.Runtime(tmp_path / "state")
-    yield attempts
-    for uid in attempts.known():  # nothing outlives the test
-        attempts.stop(uid, warn=False)
-        attempts.kill_lost(uid)
-    attempts.close()
-
-
-def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from tests.e2e.conftest import until
 
 
 def _launch(
@@ -66,13 +45,13 @@ def _holding(node: runtime.Runtime, tmp: Path) -> Path:
     release = tmp / "release"
     script = f"while [ ! -e {release} ]; do sleep 0.02; done; date +%s.%N > {tmp}/first-end"
     _launch(node, "first", script)
-    _until(lambda: node.state("first").pid is not None, "first to run")
+    until(lambda: node.state("first").pid is not None, "first to run")
     return release
 
 
 def _second(node: runtime.Runtime, tmp: Path, **kwargs: object) -> None:
     _launch(node, "second", f"date +%s.%N > {tmp}/second-start", after=("first",), **kwargs)  # type: ignore[arg-type]
-    _until(lambda: node.state("second").phase == "armed", "second to be armed")
+    until(lambda: node.state("second").phase == "armed", "second to be armed")
 
 
 def _phase(node: runtime.Runtime, uid: str, phase: str) -> Callable[[], bool]:
@@ -88,7 +67,7 @@ def test_an_armed_attempt_starts_its_job_when_the_one_before_it_ends(
     assert node.state("second").phase == "armed"  # it waits while first runs
     assert not (tmp_path / "second-start").exists()
     release.touch()
-    _until(_phase(node, "second", "exited"), "second to run and exit")
+    until(_phase(node, "second", "exited"), "second to run and exit")
     ended = float((tmp_path / "first-end").read_text())
     started = float((tmp_path / "second-start").read_text())
     assert started > ended
@@ -101,9 +80,9 @@ def test_an_armed_attempt_taken_back_never_starts(node: runtime.Runtime, tmp_pat
     release = _holding(node, tmp_path)
     _second(node, tmp_path)
     assert node.disarm("second")
-    _until(_phase(node, "second", "absent"), "second's supervisor to end")
+    until(_phase(node, "second", "absent"), "second's supervisor to end")
     release.touch()
-    _until(_phase(node, "first", "exited"), "first to exit")
+    until(_phase(node, "first", "exited"), "first to exit")
     time.sleep(0.3)
     assert not (tmp_path / "second-start").exists()
     assert node.state("second").phase == "absent"
@@ -115,7 +94,7 @@ def test_an_armed_attempt_stopped_ends_before_it_starts(
     release = _holding(node, tmp_path)
     _second(node, tmp_path)
     node.stop("second", warn=False, reason="Deleted")
-    _until(_phase(node, "second", "exited"), "second to end")
+    until(_phase(node, "second", "exited"), "second to end")
     state = node.state("second")
     assert (state.stopped, state.reason, state.exit_code, state.pid, state.message) == (
         True,
@@ -125,7 +104,7 @@ def test_an_armed_attempt_stopped_ends_before_it_starts(
         supervisor.NOT_STARTED,
     )
     release.touch()
-    _until(_phase(node, "first", "exited"), "first to exit")
+    until(_phase(node, "first", "exited"), "first to exit")
     time.sleep(0.3)
     assert not (tmp_path / "second-start").exists()
 
@@ -140,7 +119,7 @@ def test_an_armed_attempt_does_not_start_once_its_agent_is_silent(
     stale = time.time() - 100
     os.utime(lease, (stale, stale))  # the agent has not renewed it for 100 s (fence: 30 s)
     release.touch()
-    _until(_phase(node, "second", "exited"), "second to give up")
+    until(_phase(node, "second", "exited"), "second to give up")
     state = node.state("second")
     assert (state.reason, state.exit_code, state.stopped) == (supervisor.FENCED, None, False)
     assert not (tmp_path / "second-start").exists()
@@ -156,7 +135,7 @@ def test_an_armed_attempt_waits_on_after_its_fork_server_and_agent_are_gone(
     release.touch()
     later = runtime.Runtime(tmp_path / "state")  # a restarted agent finds it ran
     try:
-        _until(_phase(later, "second", "exited"), "second to run and exit")
+        until(_phase(later, "second", "exited"), "second to run and exit")
         assert (tmp_path / "second-start").exists()
     finally:
         later.close()
@@ -171,8 +150,8 @@ def test_an_armed_attempt_does_not_start_after_a_supervisor_that_died_without_a_
     launched = supervisor.read_json(node.attempts_dir / "first" / supervisor.PID)
     assert launched is not None
     os.kill(int(launched["supervisor"]), signal.SIGKILL)  # first's job runs on, orphaned
-    _until(_phase(node, "first", "lost"), "first to be lost")
-    _until(_phase(node, "second", "absent"), "second to give up")
+    until(_phase(node, "first", "lost"), "first to be lost")
+    until(_phase(node, "second", "absent"), "second to give up")
     assert not (tmp_path / "second-start").exists()
     assert (node.attempts_dir / "second" / supervisor.CANCELLED).exists()
     node.kill_lost("first")
@@ -219,17 +198,17 @@ def test_the_agent_starts_nothing_on_a_gpu_armed_for_another_attempt(tmp_path: P
             for name, script in scripts.items():
                 writer.create(make_job(name).command("bash", "-c", script).build())
             a = _bind(writer, "a", [0])
-        _until(lambda: _synced_phase(node_agent, database, "a-1") == "Running", "a to run")
+        until(lambda: _synced_phase(node_agent, database, "a-1") == "Running", "a to run")
         with database.write() as session:
             _bind(store.Store(session), "y", [0], after=(a.metadata.uid or "",))
-        _until(lambda: _synced_phase(node_agent, database, "y-1") == "Armed", "y to be armed")
+        until(lambda: _synced_phase(node_agent, database, "y-1") == "Armed", "y to be armed")
         with database.write() as session:
             _bind(store.Store(session), "z", [0])  # the race: bound where `y` is armed
         for _ in range(3):
             node_agent.sync()
         assert _phase_of(database, "z-1") == "Pending"
         release.touch()
-        _until(lambda: _synced_phase(node_agent, database, "z-1") == "Exited", "z to run")
+        until(lambda: _synced_phase(node_agent, database, "z-1") == "Exited", "z to run")
         assert float((tmp_path / "z-start").read_text()) > float((tmp_path / "y-end").read_text())
     finally:
         node_agent.runtime.close()
