@@ -189,13 +189,7 @@ def _follow_active(
         j.status.phase = "Running"
         j.status.start_time = j.status.start_time or active.status.start_time or now
         j = writer.update_status(j)
-        writer.record_event(
-            j,
-            "Started",
-            f"attempt {active.spec.attempt} started on {active.spec.node} "
-            f"(pid {active.status.pid})",
-            source=SOURCE,
-        )
+        _record_started(writer, j, active)
     deadline = j.spec.active_deadline_seconds
     if deadline is None or j.status.start_time is None:
         return None
@@ -209,10 +203,24 @@ def _follow_active(
     return due
 
 
+def _record_started(writer: store.Store, j: job.Job, attempt: binding.Binding) -> None:
+    pid = f" (pid {attempt.status.pid})" if attempt.status.pid is not None else ""
+    writer.record_event(
+        j,
+        "Started",
+        f"attempt {attempt.spec.attempt} started on {attempt.spec.node}{pid}",
+        source=SOURCE,
+    )
+
+
 def _account(
     writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
 ) -> None:
     """The latest attempt ended: decide what that means for the Job, once."""
+    if j.status.phase != "Running" and latest.status.start_time is not None:
+        # It ran, and ended before the controller saw it running: Started is told now, before
+        # how it ended, so that `describe` shows every attempt that ran.
+        _record_started(writer, j, latest)
     status = j.status
     status.exit_code = latest.status.exit_code
     # A Job bound ahead gets its start time from its first attempt that started, even one

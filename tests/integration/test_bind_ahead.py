@@ -194,6 +194,8 @@ def test_an_attempt_seen_only_once_it_ended_gives_the_job_its_start_time(
     _reconcile(database, "next")
     j = _get_job(database, "next")
     assert (j.status.phase, j.status.start_time) == ("Failed", T0 + timedelta(minutes=1))
+    # ...and its events tell that it started, then how it ended
+    assert _reasons(database, "next")[-2:] == ["Started", "BackoffLimitExceeded"]
 
 
 def test_a_lost_node_loses_what_ran_there_and_its_job_bound_ahead_moves_uncounted(
