@@ -2,6 +2,7 @@
 finalizers, events and the change feed."""
 
 import multiprocessing
+import re
 import stat
 import threading
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gctl.api import errors, job, meta, pool, queue
+from gctl.api import errors, event, job, meta, pool, queue
 from gctl.store import db, feed, locations, store
 from tests.builders import make_job
 
@@ -134,6 +135,21 @@ def test_events_aggregate_repeats(database: db.Database) -> None:
         ("BackOff", 2, "Warning"),
         ("Started", 1, "Normal"),
     ]
+
+
+def test_an_objects_events_are_named_in_the_order_they_happened(database: db.Database) -> None:
+    """As Kubernetes names events (object.nanoseconds in hex), so that `gctl get events`, which
+    lists by name, shows them in order: made together in one transaction, or one by one."""
+    (created,) = _create(database, make_job("a").build())
+    reasons = ["Scheduled", "Started", "Completed", "Deleted"]
+    with database.write() as session:
+        store.Store(session).record_events([store.Occurrence(created, r) for r in reasons[:3]])
+    with database.write() as session:
+        store.Store(session).record_event(created, reasons[3])
+    with database.read() as session:
+        listed = store.Store(session).list_objects(event.Event)
+    assert [e.spec.reason for e in listed] == reasons
+    assert all(re.fullmatch(r"a\.[0-9a-f]{16}", e.name) for e in listed)
 
 
 def test_events_recorded_together_aggregate_with_stored_ones_and_each_other(
