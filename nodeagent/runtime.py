@@ -365,7 +365,12 @@ class _Tidier:
         while True:
             self._work.wait()
             self._work.clear()
-            for entry in sorted(self.trash.iterdir()):
+            try:
+                entries = sorted(self.trash.iterdir())
+            except OSError as exc:  # the state directory went away under it
+                log.warning("cannot list %s (%s)", self.trash, exc)
+                entries = []
+            for entry in entries:
                 shutil.rmtree(entry, ignore_errors=True)
             if self._closing:
                 return
