@@ -98,6 +98,26 @@ def make_binding(
     )
 
 
+def bind_first_attempt(
+    writer: store.Store, owner: job.Job, node_name: str, gpus: list[int], after: list[str]
+) -> binding.Binding:
+    """Attempt 1 of a stored Job, as the scheduler writes it (bound ahead when `after` names
+    the attempts it starts after)."""
+    return writer.create(
+        binding.Binding(
+            metadata=meta.ObjectMeta(name=f"{owner.name}-1", namespace="default"),
+            spec=binding.BindingSpec(
+                job_name=owner.name,
+                job_uid=owner.metadata.uid or "",
+                attempt=1,
+                node=node_name,
+                gpus=gpus,
+                after=after,
+            ),
+        )
+    )
+
+
 def put_ready_node(
     writer: store.Store, name: str, gpus: int, heartbeat: datetime, **gpu_fields: Any
 ) -> None:

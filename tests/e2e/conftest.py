@@ -1,5 +1,6 @@
 """The fixtures of the end-to-end tests: gctl's daemons, and a node's runtime alone."""
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,3 +42,26 @@ def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[Cluster]:
     yield running
     running.stop()
     print(running.logs())
+
+
+def launch_script(
+    node: runtime.Runtime,
+    uid: str,
+    script: str,
+    *,
+    after: tuple[str, ...] = (),
+    lease: Path | None = None,
+) -> runtime.State:
+    """Launch `bash -c SCRIPT` as attempt `uid`; armed behind the attempts `after`."""
+    launch = runtime.Launch(
+        uid=uid,
+        argv=["bash", "-c", script],
+        env=dict(os.environ),
+        cwd=None,
+        log_path=node.log_path("default", uid, 1),
+        grace_seconds=2.0,
+        lease_path=lease,
+        fence_seconds=30.0 if lease else 0.0,
+        wait_for=tuple(node.lock_path(before) for before in after),
+    )
+    return node.launch(launch)

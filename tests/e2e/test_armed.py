@@ -11,46 +11,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gctl.api import binding, job, meta
+from gctl.api import binding, job
 from gctl.store import db, store
 from nodeagent import agent, gpus, runtime, supervisor
-from tests.builders import make_job
-from tests.e2e.conftest import until
-
-
-def _launch(
-    node: runtime.Runtime,
-    uid: str,
-    script: str,
-    *,
-    after: tuple[str, ...] = (),
-    lease: Path | None = None,
-) -> runtime.State:
-    launch = runtime.Launch(
-        uid=uid,
-        argv=["bash", "-c", script],
-        env=dict(os.environ),
-        cwd=None,
-        log_path=node.log_path("default", uid, 1),
-        grace_seconds=2.0,
-        lease_path=lease,
-        fence_seconds=30.0 if lease else 0.0,
-        wait_for=tuple(node.lock_path(before) for before in after),
-    )
-    return node.launch(launch)
+from tests.builders import bind_first_attempt, make_job
+from tests.e2e.conftest import launch_script, until
 
 
 def _holding(node: runtime.Runtime, tmp: Path) -> Path:
     """Launch `first`, which runs until the returned file exists, then stamps `first-end`."""
     release = tmp / "release"
     script = f"while [ ! -e {release} ]; do sleep 0.02; done; date +%s.%N > {tmp}/first-end"
-    _launch(node, "first", script)
+    launch_script(node, "first", script)
     until(lambda: node.state("first").pid is not None, "first to run")
     return release
 
 
 def _second(node: runtime.Runtime, tmp: Path, **kwargs: object) -> None:
-    _launch(node, "second", f"date +%s.%N > {tmp}/second-start", after=("first",), **kwargs)  # type: ignore[arg-type]
+    launch_script(node, "second", f"date +%s.%N > {tmp}/second-start", after=("first",), **kwargs)  # type: ignore[arg-type]
     until(lambda: node.state("second").phase == "armed", "second to be armed")
 
 
@@ -164,19 +142,7 @@ def _bind(
     writer: store.Store, job_name: str, on: list[int], *, after: tuple[str, ...] = ()
 ) -> binding.Binding:
     owner = writer.get(job.Job, job_name, "default")
-    return writer.create(
-        binding.Binding(
-            metadata=meta.ObjectMeta(name=f"{job_name}-1", namespace="default"),
-            spec=binding.BindingSpec(
-                job_name=job_name,
-                job_uid=owner.metadata.uid or "",
-                attempt=1,
-                node="n1",
-                gpus=on,
-                after=list(after),
-            ),
-        )
-    )
+    return bind_first_attempt(writer, owner, "n1", on, list(after))
 
 
 def test_the_agent_starts_nothing_on_a_gpu_armed_for_another_attempt(tmp_path: Path) -> None:

@@ -7,29 +7,15 @@ import signal
 from pathlib import Path
 
 from nodeagent import runtime, supervisor
-from tests.e2e.conftest import until
-
-
-def _launch(node: runtime.Runtime, uid: str, script: str, *, after: str | None = None) -> None:
-    node.launch(
-        runtime.Launch(
-            uid=uid,
-            argv=["bash", "-c", script],
-            env=dict(os.environ),
-            cwd=None,
-            log_path=node.log_path("default", uid, 1),
-            grace_seconds=2.0,
-            wait_for=(node.lock_path(after),) if after else (),
-        )
-    )
+from tests.e2e.conftest import launch_script, until
 
 
 def test_an_armed_supervisor_has_its_pid_noted_once_the_replies_are_read(
     node: runtime.Runtime, tmp_path: Path
 ) -> None:
     release = tmp_path / "release"
-    _launch(node, "first", f"while [ ! -e {release} ]; do sleep 0.02; done")
-    _launch(node, "second", "true", after="first")
+    launch_script(node, "first", f"while [ ! -e {release} ]; do sleep 0.02; done")
+    launch_script(node, "second", "true", after=("first",))
     node.settle()
     pid = int((node.attempts_dir / "second" / supervisor.ARMED).read_text())
     record = node.attempts_dir / "second" / supervisor.LAUNCHED
@@ -44,18 +30,18 @@ def test_an_armed_supervisor_has_its_pid_noted_once_the_replies_are_read(
 def test_a_launch_the_fork_server_never_answered_is_absent_and_launched_again(
     node: runtime.Runtime, tmp_path: Path
 ) -> None:
-    _launch(node, "warm-up", "true")  # starts the fork server
+    launch_script(node, "warm-up", "true")  # starts the fork server
     node.settle()
     server = node._forker._process
     assert server is not None
     os.kill(server.pid, signal.SIGSTOP)  # it reads no more requests...
-    _launch(node, "job", f"date +%s.%N > {tmp_path}/ran")
+    launch_script(node, "job", f"date +%s.%N > {tmp_path}/ran")
     os.kill(server.pid, signal.SIGKILL)  # ...and dies with this one unread
     server.wait()
     node.settle()  # no reply: the server is let go
     assert node.state("job").phase == "absent"
     assert not (node.attempts_dir / "job" / supervisor.LAUNCHED).exists()
-    _launch(node, "job", f"date +%s.%N > {tmp_path}/ran")  # through a new fork server
+    launch_script(node, "job", f"date +%s.%N > {tmp_path}/ran")  # through a new fork server
     until(lambda: node.state("job").phase == "exited", "the job to run")
     assert node.state("job").exit_code == 0
     assert (tmp_path / "ran").exists()
@@ -64,7 +50,7 @@ def test_a_launch_the_fork_server_never_answered_is_absent_and_launched_again(
 def test_a_forgotten_attempt_is_gone_at_once_and_removed_by_the_tidier(
     node: runtime.Runtime,
 ) -> None:
-    _launch(node, "done", "true")
+    launch_script(node, "done", "true")
     until(lambda: node.state("done").phase == "exited", "the job to end")
     trash = node.attempts_dir.parent / "trash"
     node.forget("done")

@@ -40,19 +40,25 @@ def _reasons(database: db.Database, name: str) -> list[str]:
         return [e.spec.reason for e in reader.events_for(reader.get(job.Job, name, "default"))]
 
 
-def _two_busy_gpus(database: db.Database) -> None:
-    """n1's two GPUs run `short` (GPU 0, ends in a minute) and `long` (GPU 1, in a day); `next`
-    is bound ahead to GPU 0."""
+def _running_on_n1(database: db.Database, first: str, second: str, ends: tuple[int, int]) -> None:
+    """n1's two GPUs run `first` (GPU 0) and `second` (GPU 1), which end `ends` seconds after
+    they started (activeDeadlineSeconds)."""
     with database.write() as session:
         writer = store.Store(session)
         put_ready_node(writer, "n1", 2, T0)
-        for name, seconds in (("short", 60), ("long", 86_400)):
+        for name, seconds in zip((first, second), ends, strict=True):
             j = make_job(name).build()
             j.spec.active_deadline_seconds = seconds
             writer.create(j)
     _schedule(database)
-    report_attempt(database, "short-1", "Running", T0)
-    report_attempt(database, "long-1", "Running", T0)
+    report_attempt(database, f"{first}-1", "Running", T0)
+    report_attempt(database, f"{second}-1", "Running", T0)
+
+
+def _two_busy_gpus(database: db.Database) -> None:
+    """n1's two GPUs run `short` (GPU 0, ends in a minute) and `long` (GPU 1, in a day); `next`
+    is bound ahead to GPU 0."""
+    _running_on_n1(database, "short", "long", (60, 86_400))
     with database.write() as session:
         store.Store(session).create(make_job("next").build())
     _schedule(database)
@@ -353,16 +359,7 @@ def test_what_an_armed_attempt_asked_back_frees_is_not_given_away_in_the_same_pa
 ) -> None:
     """The pass that asks `y` back (armed on n1 [0,1], GPU 0 free, GPU 1 busy) must not bind
     `z` to n1 GPU 0: `y`'s supervisor may start it there before its agent gives it back."""
-    with database.write() as session:
-        writer = store.Store(session)
-        put_ready_node(writer, "n1", 2, T0)
-        for name, seconds in (("a", 60), ("b", 600)):
-            j = make_job(name).build()
-            j.spec.active_deadline_seconds = seconds
-            writer.create(j)
-    _schedule(database)
-    report_attempt(database, "a-1", "Running", T0)
-    report_attempt(database, "b-1", "Running", T0)
+    _running_on_n1(database, "a", "b", (60, 600))
     with database.write() as session:
         store.Store(session).create(make_job("y").gpus(2).build())
     _schedule(database)

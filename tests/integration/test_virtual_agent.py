@@ -11,6 +11,7 @@ import pytest
 from gctl.api import binding, job, meta, node
 from gctl.store import db, store
 from nodeagent import virtual
+from tests.builders import bind_first_attempt
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -50,19 +51,7 @@ def bind(
                 spec=job.JobSpec(command="true"),
             )
         )
-        bound = writer.create(
-            binding.Binding(
-                metadata=meta.ObjectMeta(name=f"{name}-1", namespace="default"),
-                spec=binding.BindingSpec(
-                    job_name=name,
-                    job_uid=owner.metadata.uid or "",
-                    attempt=1,
-                    node="vnode-0002",
-                    gpus=[0],
-                    after=after or [],
-                ),
-            )
-        )
+        bound = bind_first_attempt(writer, owner, "vnode-0002", [0], after or [])
         return bound.metadata.uid or ""
 
 
