@@ -32,7 +32,9 @@ def status_after(
         status.pid = state.pid or status.pid
         status.exit_code = state.exit_code
         status.signal = state.signal
-        status.finish_time = now
+        # When the supervisor saw the job end, not when this pass noticed (a pass later).
+        finished = state.finished
+        status.finish_time = now if finished is None else datetime.fromtimestamp(finished, UTC)
         status.success_file = _success_file(state.success_file)
         ended, how = exit_outcome(state)
         status.reason = state.reason or (bound.spec.stop_reason if state.stopped else None) or ended

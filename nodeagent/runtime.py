@@ -59,6 +59,7 @@ class State:
     phase: str
     pid: int | None = None
     started: float | None = None  # when the supervisor started the job (epoch seconds)
+    finished: float | None = None  # when its supervisor saw it end (epoch seconds)
     exit_code: int | None = None
     signal: str | None = None
     stopped: bool = False
@@ -119,6 +120,7 @@ class Runtime:
                 message=exit_record.get("message") or request.get("message"),
                 success_file=exit_record.get("successFile"),
                 success_path=exit_record.get("successFilePath"),
+                finished=_seconds(exit_record.get("finished")),
             )
         if alive:
             if pid_record is None and (directory / supervisor.ARMED).exists():
@@ -474,6 +476,11 @@ class _ForkServer:
         self.replies()
         with self._lock:
             self._stop()
+
+
+def _seconds(value: object) -> float | None:
+    """An epoch-seconds field of a record, if it holds one."""
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _tail(path: Path, limit: int = 300) -> str:

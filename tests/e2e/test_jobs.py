@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -218,16 +219,26 @@ def test_agent_killed_mid_job_learns_the_real_exit_code(
 ) -> None:
     cluster.controller()
     cluster.agent()
-    go = tmp_path / "go"
-    apply_job(gctl, "survivor", f"while ! test -e {go}; do sleep 0.05; done; exit 5")
+    go, ended = tmp_path / "go", tmp_path / "ended"
+    apply_job(
+        gctl,
+        "survivor",
+        f"while ! test -e {go}; do sleep 0.05; done; date +%s.%N > {ended}; exit 5",
+    )
     wait_for(phase_is(gctl, "survivor", "Running"), "survivor to run")
     cluster.kill("n1")  # SIGKILL: no cleanup at all
     go.touch()  # the job ends while no agent is watching
+    wait_for(ended.exists, "the job to end")
     time.sleep(1)
+    restarted = time.time()
     cluster.agent()
     failed = wait_for(phase_is(gctl, "survivor", "Failed"), "the restarted agent to report")
     assert failed["status"]["exitCode"] == 5
     assert failed["status"]["attempts"] == 1
+    # The attempt finished when the job ended, not when the restarted agent noticed.
+    attempt = json.loads(gctl.ok("get", "binding", "survivor-1", "-o", "json"))["status"]
+    finished = datetime.fromisoformat(attempt["finishTime"]).timestamp()
+    assert float(ended.read_text()) <= finished < restarted - 0.5
 
 
 def test_controller_killed_while_scheduling_runs_each_job_once(
