@@ -106,7 +106,7 @@ class _Planner:
     def __init__(self, world: Snapshot, now: datetime, movable: Iterable[Allocation] = ()) -> None:
         self.now = now
         self.movable = frozenset(movable)  # attempts bound ahead that this pass decides again
-        self.pools = world.pools
+        self.pools = dict(world.pools)  # the default pool is added when first asked for
         nodes = {n.name: n for n in world.nodes}
         self.nodes = sorted(nodes.values(), key=lambda n: n.name)
         self.slots = [
@@ -237,7 +237,7 @@ class _Planner:
     def _pool(self, request: Request) -> Pool | Decision:
         found = self.pools.get(request.pool)
         if found is None and request.pool == DEFAULT_POOL:
-            found = Pool()
+            found = self.pools[DEFAULT_POOL] = Pool()  # the same one for every request
         if found is None:
             message = f'GPUPool "{request.pool}" not found: create it, or change spec.pool'
             return Decision(request, reason=job.REASON_POOL_NOT_FOUND, message=message)

@@ -10,6 +10,7 @@ Request, its GPUProfile applied.
 import dataclasses
 import json
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -214,6 +215,38 @@ def key(w: Wire) -> Key:
 
 def parse_time(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
+
+
+class Requests:
+    """The Requests of the pending Jobs, kept from one pass to the next.
+
+    A pass decides every pending Job, and most are the same stored object as in the pass
+    before (`Store.pending_wires` decodes a Job once per version): their Request is reused, as
+    long as what it was read with is the same too (the run-time history, which is read again
+    every RUN_TIMES_TTL seconds; a Job that names a GPUProfile is read again every pass). Only
+    the Requests of the last pass are kept."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Wire, dict[str, timedelta], placement.Request]] = {}
+        self._lock = threading.Lock()  # one controller per process, but tests run several
+
+    def of(self, wires: list[Wire], world: World) -> list[placement.Request]:
+        with self._lock:
+            kept, self._kept = self._kept, {}
+            found = []
+            for w in wires:
+                entry = kept.get(id(w))
+                if entry is not None and entry[0] is w and entry[1] is world.run_times:
+                    request = entry[2]
+                else:
+                    request = request_of(w, world)
+                if not w["spec"].get("resources", {}).get("profile"):
+                    self._kept[id(w)] = (w, world.run_times, request)
+                found.append(request)
+            return found
+
+
+REQUESTS = Requests()
 
 
 def request_of(w: Wire, world: World) -> placement.Request:

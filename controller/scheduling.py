@@ -123,13 +123,14 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
     if eligible or writer.any_queued_bindings():
         world = reading.read_world(writer)
         by_key = {reading.key(w): w for w in eligible}
-        requests = [reading.request_of(w, world) for w in eligible]
+        requests = reading.REQUESTS.of(eligible, world)
         for request, w in reading.queued_requests(world):
             by_key[reading.key(w)] = w
             requests.append(request)
         result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
         budget = _Budget.of(limits)  # the time limit counts from the first write
         _apply(writer, result.decisions, by_key, world, now, budget=budget)
+        _TOLD.turn()
         complete = result.complete
     _forget_queue(writer, held, budget)
     if not complete or budget.short:
@@ -429,11 +430,41 @@ def _preempt(
     writer.record_event(preemptor, "Preempting", d.message, source=SOURCE)
 
 
+class _Told:
+    """What the passes found waiting Jobs already told, so that the next pass need not look
+    again: a stored Job (the same object, `Store.pending_wires`) that was not stale for a
+    decision is not stale for the same reason and message with no estimated start either
+    (`stale` then does not depend on the time). Only the last pass's findings are kept."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Wire, str | None, str]] = {}
+        self._next: dict[int, tuple[Wire, str | None, str]] = {}
+
+    def stale(self, w: Wire, d: placement.Decision, now: datetime) -> bool:
+        if d.estimated_start is None:
+            entry = self._kept.get(id(w))
+            if entry is not None and entry[0] is w and entry[1:] == (d.reason, d.message):
+                self._next[id(w)] = entry
+                return False
+        if stale(w, d, now):
+            return True
+        if d.estimated_start is None and not w["status"].get("estimatedStartTime"):
+            self._next[id(w)] = (w, d.reason, d.message)
+        return False
+
+    def turn(self) -> None:
+        """The pass ended: what it found is what the next one looks up."""
+        self._kept, self._next = self._next, {}
+
+
+_TOLD = _Told()
+
+
 def _report(
     writer: store.Store, w: Wire, d: placement.Decision, now: datetime, budget: _Budget
 ) -> None:
     """Tell a waiting Job why, where it stands and when it should start, if that changed."""
-    if not stale(w, d, now):
+    if not _TOLD.stale(w, d, now):
         return
     if not budget.take():
         return  # the next pass writes it

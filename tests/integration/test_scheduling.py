@@ -279,3 +279,40 @@ def test_closed_and_busy_gpus_are_explained(database: db.Database) -> None:
         "Unschedulable",
         "0/3 GPUs fit: 1 cordoned, 1 draining, 1 lack 40Gi free",
     )
+
+
+def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.Database) -> None:
+    """Passes reuse what they read of a waiting Job and what it was told while neither changed
+    (`reading.Requests`, `scheduling._Told`): a change to either must still reach it."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _without_binding_ahead(writer)
+        _node(writer, "n1", 2)
+        writer.create(make_job("first").build())
+        writer.create(make_job("wide").gpus(2).build())
+    for minute in range(3):  # told once, then found told already
+        _schedule(database, T0 + timedelta(minutes=minute))
+    assert _waiting(_job(database, "wide")) == (
+        "Unschedulable",
+        "1/2 GPUs fit, but no node has 2 of them: 1 in use",
+    )
+    with database.write() as session:
+        writer = store.Store(session)
+        closed = writer.get(node.Node, "n1")
+        closed.spec.cordoned_gpus = [1]
+        writer.update(closed)
+    _schedule(database, T0 + timedelta(minutes=4))
+    assert _waiting(_job(database, "wide")) == (
+        "Unschedulable",
+        "0/2 GPUs fit: 1 cordoned, 1 in use",
+    )
+    with database.write() as session:
+        writer = store.Store(session)
+        opened = writer.get(node.Node, "n1")
+        opened.spec.cordoned_gpus = []
+        writer.update(opened)
+        narrower = writer.get(job.Job, "wide", "default")
+        narrower.spec.resources.gpus = 1
+        writer.update(narrower)
+    _schedule(database, T0 + timedelta(minutes=5))
+    assert _binding(database, "wide-1").spec.gpus == [1]
