@@ -159,14 +159,18 @@ class Runtime:
         """Write what `launch` needs on disk ahead of it (the attempt stays absent until it is
         launched): `launch(prepared=True)` then only starts the supervisor."""
         directory = self.attempts_dir / launch.uid
-        directory.mkdir(exist_ok=True, mode=0o700)
-        for stale in (
-            supervisor.LAUNCHED,
-            supervisor.FIRED,
-            supervisor.CANCELLED,
-            supervisor.DISARMED,
-        ):
-            (directory / stale).unlink(missing_ok=True)  # of an armed supervisor that gave up
+        try:
+            directory.mkdir(mode=0o700)
+            fresh = True
+        except FileExistsError:  # prepared before: an armed supervisor's records may be there
+            fresh = False
+            for stale in (
+                supervisor.LAUNCHED,
+                supervisor.FIRED,
+                supervisor.CANCELLED,
+                supervisor.DISARMED,
+            ):
+                (directory / stale).unlink(missing_ok=True)  # of one that gave up
         launch.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # The launch records need not survive a power cut, which ends every job with them: an
         # attempt found without them after a reboot is absent (a Running one is reported lost,
@@ -192,7 +196,7 @@ class Runtime:
         marker = directory / supervisor.ARMED
         if launch.wait_for:
             marker.write_bytes(b"")  # its supervisor's pid is written into it once known
-        else:
+        elif not fresh:
             marker.unlink(missing_ok=True)
 
     def launch(self, launch: Launch, *, prepared: bool = False) -> State:
