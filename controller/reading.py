@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from controller import placement, sweeps
 from gctl.api import binding, job, node, pool, profile, quantity, queue, selection
-from gctl.store import store, tables
+from gctl.store import shared, store, tables
 
 HISTORY = 200  # recent successful Jobs whose run times estimate start times
 RUN_TIMES_TTL = 10.0
@@ -224,7 +224,9 @@ class Requests:
     before (`Store.pending_wires` decodes a Job once per version): their Request is reused, as
     long as what it was read with is the same too (the run-time history, which is read again
     every RUN_TIMES_TTL seconds; a Job that names a GPUProfile is read again every pass). Only
-    the Requests of the last pass are kept."""
+    the Requests of the last pass are kept, and none when the queue is longer than the Store
+    keeps decoded (`shared.MAX_KEPT`): its Jobs are then new objects at every pass, and keeping
+    them would only double what the pass holds."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Wire, dict[str, timedelta], placement.Request]] = {}
@@ -233,6 +235,7 @@ class Requests:
     def of(self, wires: list[Wire], world: World) -> list[placement.Request]:
         with self._lock:
             kept, self._kept = self._kept, {}
+            keep = len(wires) <= shared.MAX_KEPT
             found = []
             for w in wires:
                 entry = kept.get(id(w))
@@ -240,7 +243,7 @@ class Requests:
                     request = entry[2]
                 else:
                     request = request_of(w, world)
-                if not w["spec"].get("resources", {}).get("profile"):
+                if keep and not w["spec"].get("resources", {}).get("profile"):
                     self._kept[id(w)] = (w, world.run_times, request)
                 found.append(request)
             return found

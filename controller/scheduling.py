@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from controller import diagnosis, jobs, placement, reading
 from gctl.api import binding, job, meta
-from gctl.store import store
+from gctl.store import shared, store
 
 SOURCE = "controller/scheduler"
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
@@ -113,6 +113,7 @@ def _collector_paused() -> Iterator[None]:
 def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None:
     writer.lock_scheduling()
     pending = writer.pending_wires()
+    _TOLD.begin(len(pending))
     succeeded = reading.succeeded_dependencies(writer, pending)
     eligible: list[Wire] = []
     held: list[Wire] = []
@@ -434,11 +435,17 @@ class _Told:
     """What the passes found waiting Jobs already told, so that the next pass need not look
     again: a stored Job (the same object, `Store.pending_wires`) that was not stale for a
     decision is not stale for the same reason and message with no estimated start either
-    (`stale` then does not depend on the time). Only the last pass's findings are kept."""
+    (`stale` then does not depend on the time). Only the last pass's findings are kept, and
+    none when the queue is longer than the Store keeps decoded (`reading.Requests`)."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Wire, str | None, str]] = {}
         self._next: dict[int, tuple[Wire, str | None, str]] = {}
+        self._keeping = True
+
+    def begin(self, pending: int) -> None:
+        """A pass starts, over `pending` stored Jobs."""
+        self._keeping = pending <= shared.MAX_KEPT
 
     def stale(self, w: Wire, d: placement.Decision, now: datetime) -> bool:
         if d.estimated_start is None:
@@ -448,7 +455,11 @@ class _Told:
                 return False
         if stale(w, d, now):
             return True
-        if d.estimated_start is None and not w["status"].get("estimatedStartTime"):
+        if (
+            self._keeping
+            and d.estimated_start is None
+            and not w["status"].get("estimatedStartTime")
+        ):
             self._next[id(w)] = (w, d.reason, d.message)
         return False
 

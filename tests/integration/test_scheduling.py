@@ -5,9 +5,11 @@ what waiting Jobs are told, and that a pass writes only what changed."""
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import jobs, scheduling
+import pytest
+
+from controller import jobs, reading, scheduling
 from gctl.api import binding, job, meta, node, pool, profile, queue
-from gctl.store import db, store
+from gctl.store import db, shared, store
 from tests.builders import make_job, put_ready_node, report_attempt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -316,3 +318,22 @@ def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.D
         writer.update(narrower)
     _schedule(database, T0 + timedelta(minutes=5))
     assert _binding(database, "wide-1").spec.gpus == [1]
+
+
+def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beyond `shared.MAX_KEPT` the stored Jobs are new objects at every pass: keeping what a
+    pass read of them would only hold a second copy of the queue (queue-depth-100k's RSS)."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _without_binding_ahead(writer)
+        _node(writer, "n1", 1)
+        for i in range(3):
+            writer.create(make_job(f"j{i}").build())
+    _schedule(database)
+    assert len(reading.REQUESTS._kept) == 3  # the Jobs the pass read
+    monkeypatch.setattr(shared, "MAX_KEPT", 1)
+    _schedule(database, T0 + timedelta(minutes=1))
+    assert not reading.REQUESTS._kept
+    assert not scheduling._TOLD._kept
