@@ -4,7 +4,9 @@
   last one Succeeded. Beside it, measured in the same run before `gctl up` starts, the floor: a
   bare pool of 8 threads that fork/exec the same `/bin/sh -c true` 1,000 times. The budget is
   twice the floor's time (at least half its jobs per second); every state change of gctl's run
-  is committed to the database (SQLite with synchronous=FULL), the floor keeps none.
+  is committed to the database (SQLite with synchronous=FULL), the floor keeps none. Beside
+  it, for information: the CPU time per job of `gctl up` (its threads and the fork server;
+  /proc/PID/stat) and of the whole machine (/proc/stat: the supervisors and the jobs too).
 - packing-200: 200 `sleep 0.5` Jobs on 8 fake GPUs in one `gctl apply`: apply -> the last one
   Succeeded, against the ideal 12.5 s + 2%; and the mean gap between one job's own exit stamp
   and the next one's start stamp on the same GPU, against 10 ms.
@@ -55,11 +57,15 @@ def bench_throughput(ctx: Context) -> list[Result]:
     names = [f"true-{index:04d}" for index in range(THROUGHPUT_JOBS)]
     with job_benchmarks.daemons(ctx, "throughput-1000", THROUGHPUT_GPUS) as rig:
         progress(f"throughput-1000: {THROUGHPUT_JOBS} jobs of `true`...")
+        daemons, machine = cpu_seconds(rig.proc.pid), machine_cpu_seconds()
         start = time.perf_counter()
         job_benchmarks.create_jobs(rig.database, dict.fromkeys(names, "true"))
         job_benchmarks.wait_finished(rig, names, THROUGHPUT_TIMEOUT_S)
+        daemons = cpu_seconds(rig.proc.pid) - daemons
+        machine = machine_cpu_seconds() - machine
         elapsed = max(rig.watcher.finished_at[n] for n in names) - start
     rate, floor_rate = THROUGHPUT_JOBS / elapsed, THROUGHPUT_JOBS / floor
+    per_job = 1000 / THROUGHPUT_JOBS
     return [
         Result(
             "throughput-1000",
@@ -69,6 +75,22 @@ def bench_throughput(ctx: Context) -> list[Result]:
             note=f"{rate:.0f} jobs/s; floor {floor_rate:.0f} jobs/s, budget {floor_rate / 2:.0f}",
         ),
         Result("throughput-1000-floor", floor, "s", None, kind="info"),
+        Result(
+            "throughput-1000-cpu-gctl-up",
+            daemons * per_job,
+            "ms",
+            None,
+            kind="info",
+            note="CPU per job: controller, agent, fork server",
+        ),
+        Result(
+            "throughput-1000-cpu-machine",
+            machine * per_job,
+            "ms",
+            None,
+            kind="info",
+            note="CPU per job, every process (supervisors, jobs ...)",
+        ),
     ]
 
 
@@ -135,6 +157,15 @@ def cpu_seconds(root: int) -> float:
         tree.update(children)
         frontier.extend(children)
     return sum(times.get(pid, 0.0) for pid in tree)
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds the whole machine has used since boot, every process and the kernel's work
+    (/proc/stat: all but idle and iowait); other programs on the machine count too."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(f) for f in stat.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:7]) - idle - iowait) / TICKS  # user, nice, system, irq, softirq
 
 
 def bench_idle(ctx: Context) -> list[Result]:
