@@ -10,11 +10,10 @@ Request, its GPUProfile applied.
 import dataclasses
 import json
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import select
 
@@ -22,6 +21,7 @@ from controller import placement, sweeps
 from gctl.api import binding, job, node, pool, profile, quantity, queue, selection
 from gctl.store import shared, store, tables
 
+V = TypeVar("V")
 HISTORY = 200  # recent successful Jobs whose run times estimate start times
 RUN_TIMES_TTL = 10.0
 _RUN_TIMES: dict[str, tuple[float, dict[str, timedelta]]] = {}  # database -> (read at, times)
@@ -217,39 +217,58 @@ def parse_time(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
 
 
-class Requests:
-    """The Requests of the pending Jobs, kept from one pass to the next.
+class PassMemo(Generic[V]):
+    """Values a scheduling pass worked out from stored Jobs, for the next pass to look up.
 
     A pass decides every pending Job, and most are the same stored object as in the pass
-    before (`Store.pending_wires` decodes a Job once per version): their Request is reused, as
-    long as what it was read with is the same too (the run-time history, which is read again
-    every RUN_TIMES_TTL seconds; a Job that names a GPUProfile is read again every pass). Only
-    the Requests of the last pass are kept, and none when the queue is longer than the Store
-    keeps decoded (`shared.MAX_KEPT`): its Jobs are then new objects at every pass, and keeping
-    them would only double what the pass holds."""
+    before (`Store.pending_wires` decodes a Job once per version and shares it): values are
+    keyed by that object's identity, so a new version of the Job misses. Only the last pass's
+    values are kept, and none when the queue is longer than the Store keeps decoded
+    (`shared.MAX_KEPT`): its Jobs are then new objects at every pass, and keeping them would
+    only hold a second copy of the queue. Passes of two controllers in one process (tests)
+    may race on it: that costs misses, never a wrong value."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[Wire, dict[str, timedelta], placement.Request]] = {}
-        self._lock = threading.Lock()  # one controller per process, but tests run several
+        self._kept: dict[int, tuple[Wire, V]] = {}  # of the pass before
+        self._next: dict[int, tuple[Wire, V]] = {}  # of this pass
+        self._keeping = True
 
-    def of(self, wires: list[Wire], world: World) -> list[placement.Request]:
-        with self._lock:
-            kept, self._kept = self._kept, {}
-            keep = len(wires) <= shared.MAX_KEPT
-            found = []
-            for w in wires:
-                entry = kept.get(id(w))
-                if entry is not None and entry[0] is w and entry[1] is world.run_times:
-                    request = entry[2]
-                else:
-                    request = request_of(w, world)
-                if keep and not w["spec"].get("resources", {}).get("profile"):
-                    self._kept[id(w)] = (w, world.run_times, request)
-                found.append(request)
-            return found
+    def begin(self, pending: int) -> None:
+        """A pass over `pending` stored Jobs starts: what the last one kept is looked up."""
+        self._kept, self._next = self._next, {}
+        self._keeping = pending <= shared.MAX_KEPT
+
+    def get(self, w: Wire) -> V | None:
+        entry = self._kept.get(id(w))
+        return entry[1] if entry is not None and entry[0] is w else None
+
+    def put(self, w: Wire, value: V) -> None:
+        if self._keeping:
+            self._next[id(w)] = (w, value)
+
+    def __len__(self) -> int:
+        """How many values the next pass may look up."""
+        return len(self._next)
 
 
-REQUESTS = Requests()
+# A pending Job's Request, with the run-time history it was read with (read again every
+# RUN_TIMES_TTL seconds). A Job that names a GPUProfile is read again every pass.
+REQUESTS: PassMemo[tuple[dict[str, timedelta], placement.Request]] = PassMemo()
+
+
+def requests_of(wires: list[Wire], world: World) -> list[placement.Request]:
+    """`request_of` each pending Job, reusing the last pass's Request of one unchanged."""
+    found = []
+    for w in wires:
+        kept = REQUESTS.get(w)
+        if kept is not None and kept[0] is world.run_times:
+            request = kept[1]
+        else:
+            request = request_of(w, world)
+        if not w["spec"].get("resources", {}).get("profile"):
+            REQUESTS.put(w, (world.run_times, request))
+        found.append(request)
+    return found
 
 
 def request_of(w: Wire, world: World) -> placement.Request:

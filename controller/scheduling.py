@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from controller import diagnosis, jobs, placement, reading
 from gctl.api import binding, job, meta
-from gctl.store import shared, store
+from gctl.store import store
 
 SOURCE = "controller/scheduler"
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
@@ -113,6 +113,7 @@ def _collector_paused() -> Iterator[None]:
 def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None:
     writer.lock_scheduling()
     pending = writer.pending_wires()
+    reading.REQUESTS.begin(len(pending))
     _TOLD.begin(len(pending))
     succeeded = reading.succeeded_dependencies(writer, pending)
     eligible: list[Wire] = []
@@ -124,14 +125,13 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
     if eligible or writer.any_queued_bindings():
         world = reading.read_world(writer)
         by_key = {reading.key(w): w for w in eligible}
-        requests = reading.REQUESTS.of(eligible, world)
+        requests = reading.requests_of(eligible, world)
         for request, w in reading.queued_requests(world):
             by_key[reading.key(w)] = w
             requests.append(request)
         result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
         budget = _Budget.of(limits)  # the time limit counts from the first write
         _apply(writer, result.decisions, by_key, world, now, budget=budget)
-        _TOLD.turn()
         complete = result.complete
     _forget_queue(writer, held, budget)
     if not complete or budget.short:
@@ -431,51 +431,29 @@ def _preempt(
     writer.record_event(preemptor, "Preempting", d.message, source=SOURCE)
 
 
-class _Told:
-    """What the passes found waiting Jobs already told, so that the next pass need not look
-    again: a stored Job (the same object, `Store.pending_wires`) that was not stale for a
-    decision is not stale for the same reason and message with no estimated start either
-    (`stale` then does not depend on the time). Only the last pass's findings are kept, and
-    none when the queue is longer than the Store keeps decoded (`reading.Requests`)."""
+# What a waiting Job's stored status was found to say already: (reason, message) of a decision
+# with no estimated start, for which `stale` does not depend on the time.
+_TOLD: reading.PassMemo[tuple[str | None, str]] = reading.PassMemo()
 
-    def __init__(self) -> None:
-        self._kept: dict[int, tuple[Wire, str | None, str]] = {}
-        self._next: dict[int, tuple[Wire, str | None, str]] = {}
-        self._keeping = True
 
-    def begin(self, pending: int) -> None:
-        """A pass starts, over `pending` stored Jobs."""
-        self._keeping = pending <= shared.MAX_KEPT
-
-    def stale(self, w: Wire, d: placement.Decision, now: datetime) -> bool:
-        if d.estimated_start is None:
-            entry = self._kept.get(id(w))
-            if entry is not None and entry[0] is w and entry[1:] == (d.reason, d.message):
-                self._next[id(w)] = entry
-                return False
-        if stale(w, d, now):
-            return True
-        if (
-            self._keeping
-            and d.estimated_start is None
-            and not w["status"].get("estimatedStartTime")
-        ):
-            self._next[id(w)] = (w, d.reason, d.message)
+def _told(w: Wire, d: placement.Decision, now: datetime) -> bool:
+    """Whether the Job's status already says what the pass decided: `not stale`, taken from
+    the last pass when the same stored Job was found to say the same."""
+    if d.estimated_start is None and _TOLD.get(w) == (d.reason, d.message):
+        _TOLD.put(w, (d.reason, d.message))
+        return True
+    if stale(w, d, now):
         return False
-
-    def turn(self) -> None:
-        """The pass ended: what it found is what the next one looks up."""
-        self._kept, self._next = self._next, {}
-
-
-_TOLD = _Told()
+    if d.estimated_start is None and not w["status"].get("estimatedStartTime"):
+        _TOLD.put(w, (d.reason, d.message))
+    return True
 
 
 def _report(
     writer: store.Store, w: Wire, d: placement.Decision, now: datetime, budget: _Budget
 ) -> None:
     """Tell a waiting Job why, where it stands and when it should start, if that changed."""
-    if not _TOLD.stale(w, d, now):
+    if _told(w, d, now):
         return
     if not budget.take():
         return  # the next pass writes it

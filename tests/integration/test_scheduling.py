@@ -283,9 +283,17 @@ def test_closed_and_busy_gpus_are_explained(database: db.Database) -> None:
     )
 
 
+def _cordon(database: db.Database, name: str, gpus: list[int]) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        found = writer.get(node.Node, name)
+        found.spec.cordoned_gpus = gpus
+        writer.update(found)
+
+
 def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.Database) -> None:
     """Passes reuse what they read of a waiting Job and what it was told while neither changed
-    (`reading.Requests`, `scheduling._Told`): a change to either must still reach it."""
+    (`reading.REQUESTS`, `scheduling._TOLD`): a change to either must still reach it."""
     with database.write() as session:
         writer = store.Store(session)
         _without_binding_ahead(writer)
@@ -298,21 +306,15 @@ def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.D
         "Unschedulable",
         "1/2 GPUs fit, but no node has 2 of them: 1 in use",
     )
-    with database.write() as session:
-        writer = store.Store(session)
-        closed = writer.get(node.Node, "n1")
-        closed.spec.cordoned_gpus = [1]
-        writer.update(closed)
+    _cordon(database, "n1", [1])
     _schedule(database, T0 + timedelta(minutes=4))
     assert _waiting(_job(database, "wide")) == (
         "Unschedulable",
         "0/2 GPUs fit: 1 cordoned, 1 in use",
     )
+    _cordon(database, "n1", [])
     with database.write() as session:
         writer = store.Store(session)
-        opened = writer.get(node.Node, "n1")
-        opened.spec.cordoned_gpus = []
-        writer.update(opened)
         narrower = writer.get(job.Job, "wide", "default")
         narrower.spec.resources.gpus = 1
         writer.update(narrower)
@@ -332,8 +334,8 @@ def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
         for i in range(3):
             writer.create(make_job(f"j{i}").build())
     _schedule(database)
-    assert len(reading.REQUESTS._kept) == 3  # the Jobs the pass read
+    assert len(reading.REQUESTS) == 3  # the Jobs the pass read
     monkeypatch.setattr(shared, "MAX_KEPT", 1)
     _schedule(database, T0 + timedelta(minutes=1))
-    assert not reading.REQUESTS._kept
-    assert not scheduling._TOLD._kept
+    assert not reading.REQUESTS
+    assert not scheduling._TOLD
