@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -441,11 +441,6 @@ def bench_makespan(ctx: Context) -> list[Result]:
         makespan = follow_makespan(rig, started) - started
         gap = mean_gpu_gap_ms(rig, makespan_names())
         runs = read_runs(rig, makespan_names()).values()
-    # Where the time over the ideal went besides the gaps: before the first job started, and
-    # after the last one ended (its Succeeded seen); the jobs' own run time beyond `sleep 1`.
-    first = min(start for start, _ in runs) - wall
-    last = wall + makespan - max(end for _, end in runs)
-    ran = statistics.fmean(end - start for start, end in runs)
     overhead = (makespan / MAKESPAN_IDEAL_S - 1) * 100
     return [
         Result(
@@ -456,9 +451,24 @@ def bench_makespan(ctx: Context) -> list[Result]:
             note=f"{overhead:+.1f}% over the ideal {MAKESPAN_IDEAL_S:g} s",
         ),
         Result("makespan-500-gpu-gap-mean", gap, "ms", None, kind="info"),
-        Result("makespan-500-first-start", first * 1000, "ms", None, kind="info"),
-        Result("makespan-500-last-seen", last * 1000, "ms", None, kind="info"),
-        Result("makespan-500-job-run-mean", ran * 1000, "ms", None, kind="info"),
+        *makespan_parts("makespan-500", runs, wall, makespan),
+    ]
+
+
+def makespan_parts(
+    label: str, runs: Iterable[tuple[float, float]], wall: float, makespan: float
+) -> list[Result]:
+    """Where a makespan went besides the GPU gaps, for information: from the apply (at epoch
+    `wall`) to the first job's start stamp, from the last end stamp to its Succeeded seen, and
+    each job's own run between its stamps (its command beyond the `sleep`)."""
+    runs = list(runs)
+    first = min(start for start, _ in runs) - wall
+    last = wall + makespan - max(end for _, end in runs)
+    ran = statistics.fmean(end - start for start, end in runs)
+    return [
+        Result(f"{label}-first-start", first * 1000, "ms", None, kind="info"),
+        Result(f"{label}-last-seen", last * 1000, "ms", None, kind="info"),
+        Result(f"{label}-job-run-mean", ran * 1000, "ms", None, kind="info"),
     ]
 
 
