@@ -2,9 +2,10 @@
 
 Each Binding gets a directory named by its uid. Before launching the supervisor the agent takes
 an exclusive flock on `lock` in it and hands the locked descriptor to the supervisor, which
-holds it until it exits. So "is the lock held" says whether the supervisor lives, with no pid
-to trust and no window between launching it and it taking the lock; `pid.json` and `exit.json`
-(written atomically by the supervisor) say what happened to the job.
+holds it until it has recorded the job's exit (or exits without). So "is the lock held" says
+whether the supervisor may still write, with no pid to trust and no window between launching it
+and it taking the lock; `pid.json` and `exit.json` (written atomically by the supervisor) say
+what happened to the job.
 """
 
 import contextlib
@@ -87,7 +88,7 @@ class Runtime:
         return self.logs_dir / namespace / job / f"attempt-{attempt}.log"
 
     def lock_path(self, uid: str) -> Path:
-        """The file an attempt's supervisor holds locked while it lives."""
+        """The file an attempt's supervisor holds locked until the job's exit is recorded."""
         return self.attempts_dir / uid / LOCK
 
     def known(self) -> list[str]:
@@ -326,7 +327,7 @@ def _start_supervisor(directory: Path, lock_fd: int) -> int:
         return subprocess.Popen(
             # The supervisor needs the standard library only: started isolated (-I) and without
             # site (-S) it is up in about half the time.
-            [sys.executable, "-I", "-S", supervisor.__file__, str(directory)],
+            [sys.executable, "-I", "-S", supervisor.__file__, str(directory), str(lock_fd)],
             pass_fds=(lock_fd,),
             start_new_session=True,
             stdin=subprocess.DEVNULL,

@@ -6,8 +6,8 @@ with the real exit code; so a job keeps running while the agent is down, and a r
 still learns how it ended. SIGTERM to the supervisor stops the job: SIGTERM to the whole group,
 then SIGKILL after the grace period, even if the agent died meanwhile.
 
-Run as `python -I -S supervisor.py ATTEMPT_DIR` (ATTEMPT_DIR holds `spec.json`): it must
-import nothing but the standard library.
+Run as `python -I -S supervisor.py ATTEMPT_DIR LOCK_FD` (ATTEMPT_DIR holds `spec.json`; LOCK_FD
+is its locked `lock`, inherited): it must import nothing but the standard library.
 
 Starting an interpreter costs about 30 ms, which every job start would wait for; so the agent
 keeps one `supervisor.py --fork-server FD` process (`serve`), started once, that forks a
@@ -46,7 +46,6 @@ LAUNCHED = "launched.json"
 PID = "pid.json"
 EXIT = "exit.json"
 STOP = "stop.json"  # why the agent stops the attempt; written before it sends SIGTERM
-STARTED = "started"  # touched just before the job starts: its mtime is the start on file clocks
 FENCED = "Fenced"  # the reason of an attempt stopped because its agent went silent
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # In the attempts directory: touched after each record, to wake the agent at once (the agent
@@ -113,12 +112,19 @@ def exit_code_of(returncode: int) -> tuple[int, str | None]:
 
 
 def file_clock_now(path: Path) -> int:
-    """Now, as the kernel stamps files (ns): it uses a coarse clock that may lag time.time()
-    by a few ms, so a marker written right after the job starts could look older than a
-    time.time() taken before it. Comparing file times with file times avoids that."""
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    """Now, as the kernel stamps files (ns), by touching `path` (which exists): the kernel uses
+    a coarse clock that may lag time.time() by a few ms, so a marker written right after the
+    job starts could look older than a time.time() taken before it. Comparing file times with
+    file times avoids that."""
     os.utime(path)
     return os.stat(path).st_mtime_ns
+
+
+def make_ahead(path: Path) -> None:
+    """Create the temporary file of a record `write_atomically` writes later, which then reuses
+    it: on some file systems a new file costs a third of a millisecond, and the exit record is
+    on the path from one job's end to the start of the job armed behind it."""
+    os.close(os.open(path.with_suffix(".tmp"), os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 def success_file_record(path: str | None, cwd: str | None, since_ns: int) -> dict[str, Any]:
@@ -351,7 +357,9 @@ def _silence(lease: Path) -> float:
         return float("inf")
 
 
-def supervise(attempt_dir: Path) -> int:
+def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
+    """Run the attempt in `attempt_dir`; `lock_fd`: its locked `lock`, let go as soon as the
+    exit is recorded (a job armed behind this one waits for it), not when this process ends."""
     # Launched, before anything can fail: a supervisor found dead without a pid record but
     # with this one died before starting the job, and the attempt is not launched again.
     write_atomically(
@@ -363,7 +371,12 @@ def supervise(attempt_dir: Path) -> int:
     )
     fenced = threading.Event()
     signal.signal(signal.SIGALRM, stopper.on_alarm)
+    log = None
     if spec.get("waitFor"):
+        # The log is opened while the job before this one still runs, off the hand-off's path;
+        # on failure it is opened again after the wait, where the failure is recorded.
+        with contextlib.suppress(OSError):
+            log = open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
         turn = _Turn(attempt_dir, spec, stopper)
         signal.signal(signal.SIGTERM, turn.on_term)
         signal.signal(signal.SIGINT, turn.on_term)
@@ -376,7 +389,7 @@ def supervise(attempt_dir: Path) -> int:
         signal.signal(signal.SIGINT, stopper.on_term)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     try:
-        log = open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
+        log = log or open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
     except OSError as exc:
         record(
             attempt_dir,
@@ -390,7 +403,7 @@ def supervise(attempt_dir: Path) -> int:
         )
         return 0
     with log:
-        since_ns = file_clock_now(attempt_dir / STARTED)
+        since_ns = file_clock_now(attempt_dir / LAUNCHED)
         try:
             child = subprocess.Popen(
                 spec["argv"],
@@ -403,8 +416,9 @@ def supervise(attempt_dir: Path) -> int:
                 # The job must not inherit the supervisor's handlers' effects on its mask.
                 restore_signals=True,
             )
-        except OSError as exc:
-            log.write(f"gctl: cannot start {spec['argv'][0]!r}: {exc.strerror}\n".encode())
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the command
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            log.write(f"gctl: cannot start {spec['argv'][0]!r}: {why}\n".encode())
             record(
                 attempt_dir,
                 EXIT,
@@ -427,6 +441,7 @@ def supervise(attempt_dir: Path) -> int:
                 "bootId": boot_id(),
             },
         )
+        make_ahead(attempt_dir / EXIT)  # while the job runs
         if spec.get("leasePath") and spec.get("fenceSeconds") and _runs_on(child):
             threading.Thread(
                 target=_fence,
@@ -446,9 +461,8 @@ def supervise(attempt_dir: Path) -> int:
     # Checked here, as the job exits, not when the agent learns of it: the agent may be down,
     # and by the time it is back the file may have been removed or rewritten by someone else.
     marker = success_file_record(spec.get("successFile"), spec.get("cwd"), since_ns)
-    record(
+    record_exit(
         attempt_dir,
-        EXIT,
         {
             "exitCode": code,
             "signal": signal_name,
@@ -457,11 +471,31 @@ def supervise(attempt_dir: Path) -> int:
             "finished": time.time(),
             **marker,
         },
+        lock_fd,
     )
     return 0
 
 
-def _forked(attempt_dir: Path, server: socket.socket) -> int:
+def record_exit(attempt_dir: Path, document: dict[str, Any], lock_fd: int | None) -> None:
+    """Write the job's exit record, let the attempt armed behind this one start (by letting go
+    of `lock_fd`, the attempt's locked `lock`), then make the record durable and wake the agent.
+
+    The hand-off waits for the record to be there, not on disk: an fsync takes milliseconds
+    while the agent and the database write too. A power cut between the two leaves the record
+    empty or absent, which reads as an attempt that ended without one: it is reported lost.
+    The agent is woken last, as its pass would compete for the CPU with the job starting."""
+    temporary = (attempt_dir / EXIT).with_suffix(".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
+        handle.flush()
+        os.replace(temporary, attempt_dir / EXIT)
+        if lock_fd is not None:
+            os.close(lock_fd)
+        os.fsync(handle.fileno())
+    ring(attempt_dir)
+
+
+def _forked(attempt_dir: Path, server: socket.socket, lock_fd: int | None) -> int:
     """In the child of the fork server: become an independent supervisor of `attempt_dir`."""
     server.close()
     os.setsid()
@@ -473,7 +507,7 @@ def _forked(attempt_dir: Path, server: socket.socket) -> int:
     os.dup2(error, 2)
     os.close(null)
     os.close(error)
-    return supervise(attempt_dir)
+    return supervise(attempt_dir, lock_fd)
 
 
 def serve(server: socket.socket) -> int:
@@ -497,7 +531,13 @@ def serve(server: socket.socket) -> int:
         if pid == 0:
             code = 1
             try:
-                code = _forked(Path(os.fsdecode(message)), server)
+                code = _forked(Path(os.fsdecode(message)), server, fds[0] if fds else None)
+            except BaseException:
+                # Into `supervisor.err`, whose tail the agent reports; os._exit prints nothing.
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         for fd in fds:  # the supervisor holds the lock now
@@ -511,4 +551,4 @@ def serve(server: socket.socket) -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "--fork-server":
         sys.exit(serve(socket.socket(fileno=int(sys.argv[2]))))
-    sys.exit(supervise(Path(sys.argv[1])))
+    sys.exit(supervise(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None))

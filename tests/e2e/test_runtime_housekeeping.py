@@ -69,3 +69,36 @@ def test_what_a_killed_agent_left_in_the_trash_is_removed_at_start(tmp_path: Pat
         until(lambda: not left.exists(), "the leftover to be removed")
     finally:
         later.close()
+
+
+def test_a_supervisor_that_fails_before_the_job_starts_reports_its_error(
+    node: runtime.Runtime,
+) -> None:
+    """Its traceback goes to `supervisor.err` even from the fork server, whose children leave
+    with os._exit, and the attempt ends with its last line instead of a bare "died"."""
+    launch_script(node, "warm-up", "true")  # the next one comes from the fork server
+    until(lambda: node.state("warm-up").phase == "exited", "the warm-up to end")
+    launch = runtime.Launch(
+        uid="broken",
+        argv=["true"],
+        env={},
+        cwd=None,
+        log_path=node.log_path("default", "broken", 1),
+        grace_seconds=1.0,
+    )
+    node.prepare(launch)
+    (node.attempts_dir / "broken" / supervisor.SPEC).write_text("{not json")
+    node.launch(launch, prepared=True)
+    until(lambda: node.state("broken").phase == "exited", "the supervisor to give up")
+    state = node.state("broken")
+    assert (state.exit_code, state.reason) == (127, "StartError")
+    assert "JSONDecodeError" in (state.message or "")
+
+
+def test_a_command_with_a_nul_byte_cannot_start_and_says_why(node: runtime.Runtime) -> None:
+    launch_script(node, "nul", "echo a\0b")
+    until(lambda: node.state("nul").phase == "exited", "the attempt to end")
+    state = node.state("nul")
+    assert (state.exit_code, state.reason) == (127, "StartError")
+    assert state.message == "embedded null byte"
+    assert "embedded null byte" in node.log_path("default", "nul", 1).read_text()

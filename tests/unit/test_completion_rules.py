@@ -2,6 +2,7 @@
 when a success file counts, and when a rerun is asked for."""
 
 import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -90,7 +91,10 @@ def test_a_success_file_counts_only_if_written_at_or_after_the_start(tmp_path: P
 
 
 def test_the_start_is_taken_on_the_file_clock(tmp_path: Path) -> None:
-    since = supervisor.file_clock_now(tmp_path / "started")
+    launched = tmp_path / supervisor.LAUNCHED  # the file it touches: stamped an hour ahead
+    launched.write_text("{}")
+    os.utime(launched, (time.time() + 3600, time.time() + 3600))
+    since = supervisor.file_clock_now(launched)
     (tmp_path / "done").write_text("")
     assert supervisor.success_file_record("done", str(tmp_path), since)["successFile"] == "Found"
 
