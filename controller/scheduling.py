@@ -187,9 +187,10 @@ def _apply(
     for d in decisions:
         if d.victims:
             _preempt(writer, d, by_key, world)
-    for d in decisions:
-        if d.placement is None:
-            _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+    with writer.batched():  # one statement for all that waiting Jobs are told
+        for d in decisions:
+            if d.placement is None:
+                _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
 
 
 def _held_back(decisions: list[placement.Decision], world: reading.World) -> set[int]:
@@ -511,15 +512,16 @@ def _drifted(old: datetime | None, new: datetime | None, now: datetime) -> bool:
 def _forget_queue(writer: store.Store, held: Iterable[Wire], budget: _Budget) -> None:
     """A Job held back (suspended, in back-off, waiting for dependencies) has no place in the
     queue and no estimated start."""
-    for w in held:
-        status = w["status"]
-        if status.get("estimatedStartTime") is None:
-            continue
-        if not budget.take():
-            return
-        j = job.Job.model_validate(w)
-        j.status.estimated_start_time = None
-        writer.update_status(j)
+    with writer.batched():
+        for w in held:
+            status = w["status"]
+            if status.get("estimatedStartTime") is None:
+                continue
+            if not budget.take():
+                return
+            j = job.Job.model_validate(w)
+            j.status.estimated_start_time = None
+            writer.update_status(j)
 
 
 def _next_retry(pending: list[Wire], now: datetime) -> datetime | None:
