@@ -57,9 +57,10 @@ class EventLog:
                 .where(table.c.involved_uid.in_(wanted[start : start + CHUNK]))
                 .order_by(table.c.created_at, table.c.resource_version)
             )
-            for row in rows:  # the last one of each object stands
+            last = {row.involved_uid: row for row in rows}  # the last one of each object
+            for uid, row in last.items():  # decoded alone: a Job has several events
                 wire = listing.row_to_wire(event.Event.INFO, row._mapping)
-                self._latest[row.involved_uid] = event.Event.model_validate(wire)
+                self._latest[uid] = event.Event.model_validate(wire)
 
     def record(self, occurrences: Sequence[Occurrence]) -> list[event.Event]:
         """Record each occurrence: a repeat of the object's latest event (stored, or recorded
