@@ -187,7 +187,9 @@ def _apply(
     for d in decisions:
         if d.victims:
             _preempt(writer, d, by_key, world)
-    with writer.batched():  # one statement for all that waiting Jobs are told
+    # One statement for all that waiting Jobs are told, at the end of the block: the time
+    # limit does not see these writes, `Limits.writes` bounds them.
+    with writer.batched():
         for d in decisions:
             if d.placement is None:
                 _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)

@@ -99,9 +99,10 @@ class Runtime:
         directory = self.attempts_dir / uid
         if not (directory / supervisor.SPEC).exists():
             return State("absent")
-        # Liveness first, then the records: a supervisor writes its exit record before it dies,
-        # so one seen dead here has written whatever it ever will (read the other way round, an
-        # attempt that ends between the two reads would look lost).
+        # Liveness first, then the records: a supervisor writes its exit record before it lets
+        # go of its lock, so one whose lock is free has written whatever it ever will (read the
+        # other way round, an attempt that ends between the two reads would look lost). A free
+        # lock is "not alive" below even while the process finishes after its exit record.
         alive = _supervisor_alive(directory)
         exit_record = supervisor.read_json(directory / supervisor.EXIT)
         pid_record = supervisor.read_json(directory / supervisor.PID)

@@ -16,9 +16,10 @@ forked supervisor leaves the server's session at once, so it is as independent o
 one started directly.
 
 An *armed* supervisor (its spec lists `waitFor`, and its directory holds the marker `armed`)
-is started ahead, for an attempt bound after others on its GPUs: it waits for the supervisors
-of those attempts to end (each holds its attempt's `lock`; a blocked flock wakes the moment it
-is released) and then starts the job at once, without the agent. Exactly one of three renames
+is started ahead, for an attempt bound after others on its GPUs: it waits until the jobs of
+those attempts have ended (each supervisor holds its attempt's `lock` until it has recorded its
+job's exit; a blocked flock wakes the moment it is released) and then starts the job at once,
+without the agent. Exactly one of three renames
 of `armed` succeeds, so the attempt starts at most once and every party knows what happened:
 to `fired` by the supervisor as it starts the job; to `disarmed` by the agent taking the
 attempt back (the scheduler moved it); to `cancelled` by the supervisor stopping before it
@@ -121,9 +122,9 @@ def file_clock_now(path: Path) -> int:
 
 
 def make_ahead(path: Path) -> None:
-    """Create the temporary file of a record `write_atomically` writes later, which then reuses
-    it: on some file systems a new file costs a third of a millisecond, and the exit record is
-    on the path from one job's end to the start of the job armed behind it."""
+    """Create the temporary file of a record written later (`record_exit`, `write_atomically`),
+    which then reuses it: on some file systems a new file costs a third of a millisecond, and
+    the exit record is on the path from one job's end to the start of the job armed behind it."""
     os.close(os.open(path.with_suffix(".tmp"), os.O_CREAT | os.O_WRONLY, 0o600))
 
 
@@ -441,7 +442,8 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
                 "bootId": boot_id(),
             },
         )
-        make_ahead(attempt_dir / EXIT)  # while the job runs
+        with contextlib.suppress(OSError):  # only a head start: the record makes it anyway
+            make_ahead(attempt_dir / EXIT)  # while the job runs
         if spec.get("leasePath") and spec.get("fenceSeconds") and _runs_on(child):
             threading.Thread(
                 target=_fence,
@@ -458,6 +460,11 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
         # Processes the job left behind in its group are part of the job: end them too.
         _kill_group(child.pid, signal.SIGKILL)
     code, signal_name = exit_code_of(returncode)
+    # The job has ended: no stop or timer may signal its process group from here on, as the
+    # GPU goes to the next job with the exit record, before this process ends.
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    for stop in _STOPS:
+        signal.signal(stop, signal.SIG_IGN)
     # Checked here, as the job exits, not when the agent learns of it: the agent may be down,
     # and by the time it is back the file may have been removed or rewritten by someone else.
     marker = success_file_record(spec.get("successFile"), spec.get("cwd"), since_ns)

@@ -55,7 +55,8 @@ class EventLog:
             rows = self._writer.execute(
                 select(table)
                 .where(table.c.involved_uid.in_(wanted[start : start + CHUNK]))
-                .order_by(table.c.created_at, table.c.resource_version)
+                # An object's events of one transaction share both; names grow in time.
+                .order_by(table.c.created_at, table.c.resource_version, table.c.name)
             )
             last = {row.involved_uid: row for row in rows}  # the last one of each object
             for uid, row in last.items():  # decoded alone: a Job has several events
