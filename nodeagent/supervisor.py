@@ -122,9 +122,9 @@ def file_clock_now(path: Path) -> int:
 
 
 def make_ahead(path: Path) -> None:
-    """Create the temporary file of a record written later (`record_exit`, `write_atomically`),
-    which then reuses it: on some file systems a new file costs a third of a millisecond, and
-    the exit record is on the path from one job's end to the start of the job armed behind it."""
+    """Create the temporary file of a record `write_atomically` writes later, which then reuses
+    it: on some file systems a new file costs a third of a millisecond, and the exit record is
+    on the path from one job's end to the start of the job armed behind it."""
     os.close(os.open(path.with_suffix(".tmp"), os.O_CREAT | os.O_WRONLY, 0o600))
 
 
@@ -491,14 +491,15 @@ def record_exit(attempt_dir: Path, document: dict[str, Any], lock_fd: int | None
     while the agent and the database write too. A power cut between the two leaves the record
     empty or absent, which reads as an attempt that ended without one: it is reported lost.
     The agent is woken last, as its pass would compete for the CPU with the job starting."""
-    temporary = (attempt_dir / EXIT).with_suffix(".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(document))
-        handle.flush()
-        os.replace(temporary, attempt_dir / EXIT)
-        if lock_fd is not None:
-            os.close(lock_fd)
-        os.fsync(handle.fileno())
+    path = attempt_dir / EXIT
+    write_atomically(path, document, durable=False)
+    if lock_fd is not None:
+        os.close(lock_fd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     ring(attempt_dir)
 
 
