@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = "postgresql" if args.db else "sqlite"
     compile_bytecode()
     start = time.perf_counter()
-    with scratch(args.db) as ctx:
+    with scratch(args.db) as ctx, store_benchmarks.command_server(ctx.workdir):
         results = run(args.names, ctx)
     seconds = time.perf_counter() - start
     progress(f"done in {seconds:.1f} s")

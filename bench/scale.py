@@ -7,7 +7,8 @@
   time until those 4,000 report Running is printed beside it. (In the whole suite: a quarter.)
 - queue-depth-100k: 100,000 pending Jobs written straight into the store (untimed); then
   `gctl get jobs` until its first screenful (50 lines) arrived, and to its end (information);
-  `gctl apply` of one more Job (median of 3); and the peak resident memory (VmHWM) of a
+  `gctl apply` of one more Job (median of 3; served by the command server, and in a process
+  of its own for information); and the peak resident memory (VmHWM) of a
   `gctl controller run` over that queue after 30 s of work (no nodes: it tells Jobs why they
   wait, 256 per pass). The CLI is timed before the controller starts, so that on two cores it
   is not measured against a busy controller.
@@ -118,14 +119,14 @@ def _time_first_page(url: str) -> tuple[float, float]:
     return first_page, time.perf_counter() - start
 
 
-def _time_apply(url: str, root: Path) -> float:
+def _time_apply(url: str, root: Path, served: bool) -> float:
     manifest = root / "one.yaml"
     manifest.write_text(ONE_JOB)
     times = []
     for index in range(APPLY_RUNS):
-        text = ONE_JOB.replace("one-more", f"one-more-{index}")
+        text = ONE_JOB.replace("one-more", f"one-more-{index}-{served:d}")
         manifest.write_text(text)
-        elapsed, out = run_gctl(["apply", "-f", str(manifest), "--db", url])
+        elapsed, out = run_gctl(["apply", "-f", str(manifest), "--db", url], served)
         if not out.strip().endswith("created"):
             raise BenchError(f"gctl apply printed {out!r}")
         times.append(elapsed)
@@ -168,13 +169,17 @@ def bench_queue_depth(ctx: Context) -> list[Result]:
             database.close()
         progress("queue-depth-100k: gctl get jobs, gctl apply...")
         first_page, whole = _time_first_page(url)
-        apply_s = _time_apply(url, root)
+        apply_s = _time_apply(url, root, served=True)
+        apply_alone_s = _time_apply(url, root, served=False)
         progress(f"queue-depth-100k: the controller for {CONTROLLER_WINDOW_S:g} s...")
         rss = _controller_rss(url, root)
     return [
         Result("queue-depth-100k-get-first-page", first_page * 1000, "ms", GET_BUDGET_MS),
         Result("queue-depth-100k-get-all", whole * 1000, "ms", None, kind="info"),
         Result("queue-depth-100k-apply-one", apply_s * 1000, "ms", APPLY_BUDGET_MS),
+        Result(
+            "queue-depth-100k-apply-one-in-process", apply_alone_s * 1000, "ms", None, kind="info"
+        ),
         Result(
             "queue-depth-100k-controller-rss",
             rss,

@@ -3,6 +3,9 @@
 PostgreSQL comes from GCTL_TEST_PG (an admin URL; default: the local server CI provides). Each
 run makes one migrated template database and every test gets a fresh copy, dropped afterwards.
 Set GCTL_TEST_PG=skip to run without PostgreSQL; otherwise an unreachable server is an error.
+
+The `gctl` commands of one test session share a command server of their own (gctl/cli/client.py)
+in a directory of the session's, stopped when the session ends.
 """
 
 import os
@@ -16,6 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from gctl.cli import client, cmdserver
 from gctl.store import db
 
 PG_ADMIN = os.environ.get("GCTL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -30,6 +34,15 @@ def _pg_url(name: str) -> str:
 def _admin(sql: str) -> None:
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(sql)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def command_server_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    where = tmp_path_factory.mktemp("cli-server")
+    where.chmod(0o700)
+    os.environ[client.DIR_ENV] = str(where)
+    yield where
+    cmdserver.stop_all(str(where))
 
 
 @pytest.fixture(scope="session")

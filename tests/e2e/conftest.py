@@ -4,6 +4,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -12,15 +13,17 @@ from tests.conftest import Gctl
 from tests.e2e.test_jobs import Cluster
 
 DEADLINE = 20.0
+T = TypeVar("T")
 
 
-def until(check: Callable[[], bool], what: str) -> None:
-    """Wait for `check` to hold, at most 20 s."""
-    deadline = time.monotonic() + DEADLINE
-    while not check():
+def until(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
+    """Wait for `check` to return something true, at most `timeout` s; return it."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+    return value
 
 
 @pytest.fixture

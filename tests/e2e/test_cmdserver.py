@@ -1,0 +1,310 @@
+"""The command server (gctl/cli/client.py, gctl/cli/cmdserver.py), through the real console
+script: a served command runs as its caller would have, signals reach it, a killed caller takes
+it along, an edited gctl is never served stale, and the streaming commands stay in the caller.
+
+A command that reads its manifest from stdin (`gctl apply -f -`) waits while the test holds the
+pipe open, which lets the test find the server's child that runs it (by its working directory,
+each test's own) and look at it in /proc.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import gctl
+from gctl.cli import client
+from tests.conftest import GCTL_BIN, Gctl
+from tests.e2e.conftest import until
+
+WAIT_S = 30.0
+MANIFEST = """\
+apiVersion: gctl/v1
+kind: Job
+metadata: {name: piped}
+spec: {command: ["true"]}
+"""
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Gctl:
+    return Gctl(str(tmp_path / "gctl.db"), tmp_path)
+
+
+def _server_pid(path: str) -> int | None:
+    try:
+        pid = int(Path(path + ".lock").read_text())
+        alive = b"gctl.cli.cmdserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if alive and os.path.exists(path) else None
+
+
+def warm(gctl: Gctl) -> int:
+    """Start this session's command server if need be; its pid once it listens."""
+    path = client.socket_path()
+    assert path is not None
+    gctl.ok("version")
+    pid = until(lambda: _server_pid(path), "the command server", WAIT_S)
+    assert isinstance(pid, int)
+    return pid
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(word) for word in text.split()]
+
+
+def _in(pid: int, cwd: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd") == str(cwd)
+    except OSError:
+        return False
+
+
+def served_child(server: int, cwd: Path) -> int:
+    """The server's child that runs a command started in `cwd` (each test has its own)."""
+    found = until(
+        lambda: next((c for c in _children(server) if _in(c, cwd)), None),
+        f"the server's child in {cwd}",
+        WAIT_S,
+    )
+    assert found is not None
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return text.rpartition(")")[2].split()[0]
+
+
+def wait_gone(pid: int) -> None:
+    until(lambda: _state(pid) == "gone", f"process {pid} to end", WAIT_S)
+
+
+@contextmanager
+def waiting_apply(
+    gctl: Gctl, group: int = -1, session: bool = False
+) -> Iterator["subprocess.Popen[str]"]:
+    """`gctl apply -f -` started with its stdin held open, so that it waits (`group=0`: in a
+    process group of its own, as a shell starts a command; `session`: in a session of its own)."""
+    process = subprocess.Popen(
+        [GCTL_BIN, "apply", "-f", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=gctl.env(),
+        cwd=gctl.cwd,
+        umask=0o027,
+        process_group=group,
+        start_new_session=session,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=WAIT_S)
+
+
+def test_a_short_command_runs_in_the_server_as_its_caller(local: Gctl) -> None:
+    server = warm(local)
+    with waiting_apply(local) as process:
+        child = served_child(server, local.cwd)
+        assert child != process.pid
+        status = Path(f"/proc/{child}/status").read_text()
+        assert "Umask:\t0027" in status
+        out, err = process.communicate(MANIFEST, timeout=WAIT_S)
+    assert (process.returncode, out, err) == (0, "job.gctl/piped created\n", "")
+    assert local.ok("get", "jobs", "-o", "name") == "job.gctl/piped\n"
+
+
+def test_a_served_error_is_one_line_and_a_nonzero_exit(local: Gctl) -> None:
+    warm(local)
+    (local.cwd / "bad.yaml").write_text(MANIFEST.replace("command:", "comand:"))
+    result = local("apply", "-f", "bad.yaml")
+    assert result.code == 1
+    assert result.err.startswith("error: bad.yaml")
+    assert result.err.count("\n") == 1
+    assert "spec.command" in result.err
+    assert local.ok("get", "jobs", "-o", "name") == ""
+
+
+@pytest.mark.parametrize(
+    ("sent", "code"),
+    [
+        pytest.param(signal.SIGINT, 130, id="ctrl-c"),
+        pytest.param(signal.SIGTERM, -signal.SIGTERM, id="sigterm"),
+        pytest.param(signal.SIGKILL, -signal.SIGKILL, id="sigkill"),
+    ],
+)
+def test_a_signal_to_the_caller_ends_its_command(local: Gctl, sent: int, code: int) -> None:
+    server = warm(local)
+    with waiting_apply(local) as process:
+        child = served_child(server, local.cwd)
+        process.send_signal(sent)
+        assert process.wait(timeout=WAIT_S) == code
+        wait_gone(child)  # SIGKILL cannot be relayed: the server ends the child of a lost caller
+    assert local.ok("get", "jobs", "-o", "name") == ""
+
+
+def test_a_stopped_caller_stops_its_command(local: Gctl) -> None:
+    """Ctrl-Z and `fg`. The caller leads a group whose parent (the test) is in another group
+    of its session, so that the group is not orphaned: an orphaned group is not stopped by
+    SIGTSTP, and the command is not either (checked below)."""
+    server = warm(local)
+    with waiting_apply(local, group=0) as process:
+        child = served_child(server, local.cwd)
+        process.send_signal(signal.SIGTSTP)
+        until(lambda: _state(child) == "T", "the command to stop", WAIT_S)
+        until(lambda: _state(process.pid) == "T", "the caller to stop", WAIT_S)
+        process.send_signal(signal.SIGCONT)
+        until(lambda: _state(child) not in ("T", "gone"), "the command to go on", WAIT_S)
+        out, _ = process.communicate(MANIFEST, timeout=WAIT_S)
+    assert (process.returncode, out) == (0, "job.gctl/piped created\n")
+
+
+def test_a_caller_that_cannot_stop_keeps_its_command_running(local: Gctl) -> None:
+    """A caller that leads a session of its own is an orphaned process group: the kernel
+    discards its SIGTSTP, and so the command must go on too."""
+    server = warm(local)
+    with waiting_apply(local, session=True) as process:
+        child = served_child(server, local.cwd)
+        process.send_signal(signal.SIGTSTP)
+        time.sleep(0.5)  # a stop would have happened by now
+        assert _state(process.pid) != "T"
+        assert _state(child) != "T"
+        out, _ = process.communicate(MANIFEST, timeout=WAIT_S)
+    assert (process.returncode, out) == (0, "job.gctl/piped created\n")
+
+
+def test_a_streaming_command_runs_in_the_callers_process(local: Gctl) -> None:
+    server = warm(local)
+    process = subprocess.Popen(
+        [GCTL_BIN, "get", "jobs", "-w"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=local.env(),
+        cwd=local.cwd,
+    )
+    try:
+        until(lambda: _opened(process.pid, local.db_url), "the watch to open the database", WAIT_S)
+        assert not any(_in(c, local.cwd) for c in _children(server))
+    finally:
+        process.terminate()
+        process.communicate(timeout=WAIT_S)
+
+
+def _opened(pid: int, path: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == path for fd in fds)
+    except OSError:
+        return False
+
+
+def test_the_caller_imports_nothing_heavy(local: Gctl) -> None:
+    warm(local)
+    probe = (
+        "import sys\n"
+        "sys.argv = ['gctl', 'version']\n"
+        "from gctl.cli import client\n"
+        "try:\n"
+        "    client.main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('typer', 'pydantic', 'yaml', 'sqlalchemy', 'psycopg', 'gctl.cli.main')\n"
+        "print('LOADED=' + ','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=local.env(),
+        cwd=local.cwd,
+        timeout=WAIT_S,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [f"gctl {gctl.__version__}", "LOADED="]
+
+
+def test_turned_off_or_unsafe_it_starts_no_server(local: Gctl, tmp_path: Path) -> None:
+    off = tmp_path / "off"
+    off.mkdir(mode=0o700)
+    for _ in range(2):
+        subprocess.run(
+            [GCTL_BIN, "version"],
+            env={**local.env(), client.SWITCH_ENV: "0", client.DIR_ENV: str(off)},
+            capture_output=True,
+            check=True,
+        )
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir()
+    unsafe.chmod(0o755)
+    for _ in range(2):
+        done = subprocess.run(
+            [GCTL_BIN, "version"],
+            env={**local.env(), client.DIR_ENV: str(unsafe)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert done.stdout == f"gctl {gctl.__version__}\n"
+    time.sleep(1.0)  # a server started by mistake would have made its lock by now
+    assert list(off.iterdir()) == []
+    assert list(unsafe.iterdir()) == []
+
+
+def test_an_edited_gctl_is_never_served_stale(local: Gctl, tmp_path: Path) -> None:
+    """A copy of the gctl package, found first through PYTHONPATH: its own server, which
+    hands over to a fresh one when a file it imported changes."""
+    copy = tmp_path / "src" / "gctl"
+    shutil.copytree(Path(gctl.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**local.env(), "PYTHONPATH": str(copy.parent)}
+    where = Path(os.environ[client.DIR_ENV])
+    others = set(where.glob("*.sock"))
+
+    def version() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "gctl.cli.client", "version"],
+            env=env,
+            cwd=local.cwd,
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            check=True,
+        )
+        return done.stdout
+
+    assert version() == f"gctl {gctl.__version__}\n"
+    made = until(lambda: sorted(set(where.glob("*.sock")) - others), "the copy's server", WAIT_S)
+    assert isinstance(made, list)
+    path = str(made[0])
+    first = until(lambda: _server_pid(path), "the copy's server to listen", WAIT_S)
+    assert version() == f"gctl {gctl.__version__}\n"  # served
+
+    init = copy / "__init__.py"
+    init.write_text(init.read_text().replace(gctl.__version__, "9.9.9"))
+    info = init.stat()
+    os.utime(init, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    assert version() == "gctl 9.9.9\n"  # the stale server refused; the caller ran it
+    assert isinstance(first, int)
+    wait_gone(first)
+    second = until(lambda: _server_pid(path), "a fresh server", WAIT_S)
+    assert second != first
+    assert version() == "gctl 9.9.9\n"

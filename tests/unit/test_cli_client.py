@@ -1,0 +1,93 @@
+"""Which `gctl` commands the command server runs, and how it tells that its modules changed."""
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gctl.cli import client, cmdserver
+
+
+@pytest.mark.parametrize(
+    ("argv", "served"),
+    [
+        (["apply", "-f", "job.yaml"], True),
+        (["--db", "x.db", "get", "jobs"], True),
+        (["--db=x.db", "describe", "job/a"], True),
+        (["get", "jobs", "-o", "wide"], True),
+        (["logs", "train"], True),
+        (["delete", "-f", "job.yaml"], True),  # -f is a file here, not --follow
+        (["run", "--", "python", "--attach"], True),  # the command's own words
+        (["get", "jobs", "-w"], False),
+        (["get", "jobs", "--watch-only"], False),
+        (["get", "jobs", "-Aw"], False),
+        (["logs", "-f", "train"], False),
+        (["logs", "train", "--follow"], False),
+        (["run", "--attach", "--", "true"], False),
+        (["drain", "gpu0", "--wait"], False),
+        (["drain", "gpu0", "--timeout=5m"], False),
+        (["up"], False),
+        (["agent", "run"], False),
+        (["controller", "run"], False),
+        (["sync", "gitops/"], False),
+        (["wait", "job/a"], False),
+        (["db", "upgrade"], False),
+        (["--help"], False),
+        ([], False),
+    ],
+)
+def test_short_commands_are_served_and_streaming_ones_are_not(
+    argv: list[str], served: bool
+) -> None:
+    assert client.is_served(argv) is served
+
+
+def test_the_socket_directory_must_be_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    monkeypatch.setenv(client.DIR_ENV, str(open_dir))
+    assert client.socket_path() is None
+
+    made = tmp_path / "made"
+    monkeypatch.setenv(client.DIR_ENV, str(made))
+    path = client.socket_path()
+    assert path is not None
+    assert Path(path).parent == made
+    assert made.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_socket_path_too_long_for_unix_sockets_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    monkeypatch.setenv(client.DIR_ENV, str(deep))
+    assert client.socket_path() is None
+
+
+def test_the_fingerprint_changes_when_an_imported_module_file_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "fingerprinted_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    module = package / "mod.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("fingerprinted_pkg.mod")
+    try:
+        roots = (os.path.join(str(package), ""),)
+        before = cmdserver.fingerprint(roots)
+        assert any(path == str(module) for path, _, _ in before)
+        assert cmdserver.fingerprint(roots) == before
+
+        info = module.stat()
+        os.utime(module, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+        assert cmdserver.fingerprint(roots) != before
+    finally:
+        for name in ("fingerprinted_pkg.mod", "fingerprinted_pkg"):
+            sys.modules.pop(name, None)
