@@ -15,7 +15,8 @@ One pass is one transaction, in three steps:
 A pass binds at most `Limits.binds` Jobs, writes at most `Limits.writes` waiting Jobs and starts
 no write after `Limits.seconds` of writing (as Slurm's scheduler stops after so many starts or
 so much time per cycle); it then returns `now`, so the controller runs the next pass at once
-and no single transaction holds the database for long.
+and no single transaction holds the database for long. A pass that binds a Job that starts now
+leaves binding ahead and telling waiting Jobs to that next pass too (`_starting`).
 """
 
 import gc
@@ -170,6 +171,9 @@ def _apply(
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
     batch: list[tuple[placement.Decision, job.Job]] = []
     placed = [d for d in changed if d.placement is not None and id(d) not in held]
+    starting = _starting(placed)
+    if starting:
+        placed = [d for d in placed if not _ahead(d)]
     late = False
     for count, d in enumerate(placed):
         # A Job that moves has given up its place already: it is bound whatever the time.
@@ -187,12 +191,40 @@ def _apply(
     for d in decisions:
         if d.victims:
             _preempt(writer, d, by_key, world)
+    if starting and _more_to_write(decisions, by_key, now):
+        budget.short = True
+        return
     # One statement for all that waiting Jobs are told, at the end of the block: the time
     # limit does not see these writes, `Limits.writes` bounds them.
     with writer.batched():
         for d in decisions:
             if d.placement is None:
                 _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+
+
+def _ahead(d: placement.Decision) -> bool:
+    """A new Job bound ahead (one that moves has given up its place, and is bound at once)."""
+    return d.request.queued is None and d.placement is not None and bool(d.placement.after)
+
+
+def _starting(placed: list[placement.Decision]) -> bool:
+    """Whether the pass binds a Job that starts now. Its Binding is then all the pass writes
+    besides preemptions: what is bound ahead and what waiting Jobs are told wait for the next
+    pass, at once, so that the agent can start it a transaction earlier (the first pass over a
+    new queue of 200 Jobs took 100 ms, a third of it telling the other 190 why they wait)."""
+    return any(d.placement is not None and not d.placement.after for d in placed)
+
+
+def _more_to_write(
+    decisions: list[placement.Decision], by_key: dict[Key, Wire], now: datetime
+) -> bool:
+    """Whether the pass left a Job bound ahead or a waiting Job to tell for the next."""
+    return any(
+        _ahead(d)
+        if d.placement is not None
+        else not _told(by_key[(d.request.namespace, d.request.name)], d, now)
+        for d in decisions
+    )
 
 
 def _held_back(decisions: list[placement.Decision], world: reading.World) -> set[int]:

@@ -36,6 +36,14 @@ def _schedule(
     return store.transact(database, lambda w: scheduling.schedule(w, now, limits))
 
 
+def _settle(database: db.Database, now: datetime = T0) -> None:
+    """Passes until one leaves nothing for the next, as the controller runs them."""
+    for _ in range(10):
+        if _schedule(database, now) != now:
+            return
+    raise AssertionError("ten passes in a row left work for the next")
+
+
 def _job(database: db.Database, name: str) -> job.Job:
     with database.read() as session:
         return store.Store(session).get(job.Job, name, "default")
@@ -145,7 +153,7 @@ def test_preemption_stops_the_lower_job_then_binds_the_higher_one(database: db.D
     store.transact(database, lambda w: jobs.reconcile(w, "default", "low", T0))
     low = _job(database, "low")
     assert (low.status.phase, low.status.preemptions, low.status.failed) == ("Pending", 1, 0)
-    _schedule(database)
+    _settle(database)
     assert _job(database, "high").status.phase == "Scheduled"
     low = _job(database, "low")  # requeued, and bound ahead: it runs next, after high
     assert (low.status.phase, low.status.attempts) == ("Scheduled", 2)
@@ -158,7 +166,7 @@ def test_a_pass_with_nothing_changed_writes_nothing(database: db.Database) -> No
         _node(writer, "n1", 2)
         for i in range(5):
             writer.create(make_job(f"j{i}").build())
-    _schedule(database)
+    _settle(database)
     settled = _revision(database)
     assert _schedule(database, T0 + timedelta(minutes=1)) is None  # j2, j3 stay bound ahead
     assert _revision(database) == settled
@@ -169,6 +177,29 @@ def test_a_pass_with_nothing_changed_writes_nothing(database: db.Database) -> No
     waiting = _job(database, "j4")
     assert _places(database)[("default", "j4")] == 1
     assert _waiting(waiting) == ("Unschedulable", "0/2 GPUs fit: 2 in use")
+
+
+def test_a_pass_that_starts_jobs_leaves_the_rest_to_the_next_one(database: db.Database) -> None:
+    """So that the agent can start them a transaction earlier: binding ahead and telling the
+    waiting Jobs come with the pass right after."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 2)
+        for i in range(5):
+            writer.create(make_job(f"j{i}").build())
+    assert _schedule(database) == T0  # the next pass is due at once
+    assert [_job(database, f"j{i}").status.phase for i in range(5)] == (
+        ["Scheduled"] * 2 + ["Pending"] * 3
+    )
+    untold = [_job(database, f"j{i}").status.conditions for i in (2, 3, 4)]
+    assert untold == [[], [], []]
+
+    assert _schedule(database) is None
+    assert [_job(database, f"j{i}").status.phase for i in range(5)] == (
+        ["Scheduled"] * 4 + ["Pending"]
+    )
+    assert _binding(database, "j2-1").spec.after == [_binding(database, "j0-1").metadata.uid]
+    assert _waiting(_job(database, "j4")) == ("Unschedulable", "0/2 GPUs fit: 2 in use")
 
 
 def test_waiting_jobs_learn_their_place_and_when_they_should_start(database: db.Database) -> None:
