@@ -9,9 +9,10 @@ Each benchmark gets a database of its own (a new SQLite file, or a new PostgreSQ
 to the suite's scratch one), so that the 10,000 Pending Jobs of apply-10k are never scheduled,
 and starts `gctl up --fake-gpus N` as a real subprocess against it; one untimed warm-up Job
 runs first. Process start and exit times come from the jobs themselves (`date +%s.%N` written
-to a file; in makespan-500 that adds two `date` runs, about 2 ms, to each 1 s job) and are
-compared with wall-clock `time.time()` taken in the benchmark right after a commit. The Jobs'
-phases are followed through the change feed, in a thread of the benchmark.
+to a file; in makespan-500 that adds two `date` runs, about 2 ms, to each 1 s job), or, where a
+benchmark runs its command bare (packing-200), from its Binding, as its supervisor timed it;
+either is compared with wall-clock `time.time()` taken in the benchmark right after a commit.
+The Jobs' phases are followed through the change feed, in a thread of the benchmark.
 
 With GCTL_BENCH_PROFILE=DIR, `gctl up` runs with each of its threads under cProfile and writes
 DIR/BENCHMARK/NN-THREAD.prof when it stops (`python -m pstats FILE` reads them). The times are
@@ -418,15 +419,43 @@ def follow_makespan(rig: Rig, started: float) -> float:
     return max(rig.watcher.finished_at[n] for n in names)
 
 
-def mean_gpu_gap_ms(rig: Rig, names: Sequence[str]) -> float:
-    """The mean time between one job's exit and the next one's start on the same GPU."""
+Run = tuple[tuple[int, ...], float, float]  # an attempt's GPUs, its start and its end (epoch s)
+
+
+def _bindings(rig: Rig, names: Sequence[str]) -> dict[str, binding.Binding]:
+    """Each Job's one attempt."""
+    wanted = set(names)
     with rig.database.read() as session:
         bound = store.Store(session).list_objects(binding.Binding)
-    gpus = {b.spec.job_name: tuple(b.spec.gpus) for b in bound}
-    runs = read_runs(rig, names)
+    return {b.spec.job_name: b for b in bound if b.spec.job_name in wanted}
+
+
+def attempt_runs(rig: Rig, names: Sequence[str]) -> dict[str, Run]:
+    """Each Job's attempt as its supervisor timed it: the start once the process existed, the
+    end once it saw the process end (the Binding's startTime and finishTime)."""
+    runs = {}
+    for name, b in _bindings(rig, names).items():
+        start, end = b.status.start_time, b.status.finish_time
+        if start is None or end is None:
+            raise rig.fail(f"job {name}'s attempt has no start or finish time")
+        runs[name] = (tuple(b.spec.gpus), start.timestamp(), end.timestamp())
+    return runs
+
+
+def stamped_runs(rig: Rig, names: Sequence[str]) -> dict[str, Run]:
+    """Each Job's attempt as the job stamped it (`run_command`), on its Binding's GPUs."""
+    bound = _bindings(rig, names)
+    return {
+        name: (tuple(bound[name].spec.gpus), start, end)
+        for name, (start, end) in read_runs(rig, names).items()
+    }
+
+
+def mean_gpu_gap_ms(runs: Iterable[Run]) -> float:
+    """The mean time between one job's end and the next one's start on the same GPUs."""
     by_gpu: dict[tuple[int, ...], list[tuple[float, float]]] = {}
-    for name, run in runs.items():
-        by_gpu.setdefault(gpus[name], []).append(run)
+    for gpus, start, end in runs:
+        by_gpu.setdefault(gpus, []).append((start, end))
     gaps = [gap for per_gpu in by_gpu.values() for gap in gaps_ms(per_gpu)]
     return statistics.fmean(gaps) if gaps else math.nan
 
@@ -442,8 +471,8 @@ def bench_makespan(ctx: Context) -> list[Result]:
         if created != MAKESPAN_JOBS:
             raise rig.fail(f"gctl apply created {created} jobs; expected {MAKESPAN_JOBS}")
         makespan = follow_makespan(rig, started) - started
-        gap = mean_gpu_gap_ms(rig, makespan_names())
-        runs = read_runs(rig, makespan_names()).values()
+        runs = stamped_runs(rig, makespan_names()).values()
+        gap = mean_gpu_gap_ms(runs)
     overhead = (makespan / MAKESPAN_IDEAL_S - 1) * 100
     return [
         Result(
@@ -458,16 +487,14 @@ def bench_makespan(ctx: Context) -> list[Result]:
     ]
 
 
-def makespan_parts(
-    label: str, runs: Iterable[tuple[float, float]], wall: float, makespan: float
-) -> list[Result]:
+def makespan_parts(label: str, runs: Iterable[Run], wall: float, makespan: float) -> list[Result]:
     """Where a makespan went besides the GPU gaps, for information: from the apply (at epoch
-    `wall`) to the first job's start stamp, from the last end stamp to its Succeeded seen, and
-    each job's own run between its stamps (its command beyond the `sleep`)."""
+    `wall`) to the first job's start, from the last end to its Succeeded seen, and each job's
+    own run (its command beyond the `sleep`)."""
     runs = list(runs)
-    first = min(start for start, _ in runs) - wall
-    last = wall + makespan - max(end for _, end in runs)
-    ran = statistics.fmean(end - start for start, end in runs)
+    first = min(start for _, start, _ in runs) - wall
+    last = wall + makespan - max(end for _, _, end in runs)
+    ran = statistics.fmean(end - start for _, start, end in runs)
     return [
         Result(f"{label}-first-start", first * 1000, "ms", None, kind="info"),
         Result(f"{label}-last-seen", last * 1000, "ms", None, kind="info"),

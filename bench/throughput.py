@@ -7,9 +7,11 @@
   is committed to the database (SQLite with synchronous=FULL), the floor keeps none. Beside
   it, for information: the CPU time per job of `gctl up` (its threads and the fork server;
   /proc/PID/stat) and of the whole machine (/proc/stat: the supervisors and the jobs too).
-- packing-200: 200 `sleep 0.5` Jobs on 8 fake GPUs in one `gctl apply`: apply -> the last one
-  Succeeded, against the ideal 12.5 s + 2%; and the mean gap between one job's own exit stamp
-  and the next one's start stamp on the same GPU, against 10 ms.
+- packing-200: 200 `sleep 0.5` Jobs (the command itself, no shell) on 8 fake GPUs in one
+  `gctl apply`: apply -> the last one Succeeded, against the ideal 12.5 s + 2%; and the mean gap
+  between one attempt's end and the next one's start on the same GPU, as their supervisors
+  timed them (the Bindings' finishTime and startTime), against 10 ms. Beside it, the makespan
+  from the Jobs' creation, without the apply's own start.
 - idle-60s: CPU seconds (user + system, the process and all its descendants, from
   /proc/PID/stat) that an idle `gctl up --fake-gpus 8` uses over 60 s, after one job ran.
 """
@@ -24,6 +26,8 @@ from pathlib import Path
 
 from bench import jobs as job_benchmarks
 from bench.store import BenchError, Context, Result, progress, run_gctl
+from gctl.api import job
+from gctl.store import store
 
 THROUGHPUT_JOBS, THROUGHPUT_GPUS = 1000, 8
 THROUGHPUT_TIMEOUT_S = 600.0
@@ -100,9 +104,7 @@ def _packing_manifest(rig: job_benchmarks.Rig, names: list[str]) -> Path:
             "apiVersion": "gctl/v1",
             "kind": "Job",
             "metadata": {"name": name},
-            "spec": {
-                "command": job_benchmarks.run_command(rig, name, f"sleep {PACKING_SLEEP_S:g}")
-            },
+            "spec": {"command": ["sleep", f"{PACKING_SLEEP_S:g}"]},
         }
         for name in names
     ]
@@ -121,9 +123,11 @@ def bench_packing(ctx: Context) -> list[Result]:
         run_gctl(["apply", "-f", str(manifest), "--db", rig.url])
         job_benchmarks.wait_finished(rig, names, PACKING_TIMEOUT_S)
         makespan = max(rig.watcher.finished_at[n] for n in names) - start
-        gap = job_benchmarks.mean_gpu_gap_ms(rig, names)
-        runs = job_benchmarks.read_runs(rig, names).values()
+        runs = job_benchmarks.attempt_runs(rig, names).values()
+        gap = job_benchmarks.mean_gpu_gap_ms(runs)
+        submitted = min(created(rig, names))
     overhead = (makespan / PACKING_IDEAL_S - 1) * 100
+    from_submission = wall + makespan - submitted
     return [
         Result(
             "packing-200",
@@ -133,7 +137,27 @@ def bench_packing(ctx: Context) -> list[Result]:
             note=f"{overhead:+.1f}% over the ideal {PACKING_IDEAL_S:g} s",
         ),
         Result("packing-200-gpu-gap-mean", gap, "ms", GAP_BUDGET_MS),
+        Result(
+            "packing-200-from-submission",
+            from_submission,
+            "s",
+            None,
+            kind="info",
+            note="the Jobs' creation -> the last Succeeded: without gctl apply's own start",
+        ),
         *job_benchmarks.makespan_parts("packing-200", runs, wall, makespan),
+    ]
+
+
+def created(rig: job_benchmarks.Rig, names: list[str]) -> list[float]:
+    """The Jobs' creation times (epoch seconds): when the apply wrote them."""
+    wanted = set(names)
+    with rig.database.read() as session:
+        jobs = store.Store(session).list_objects(job.Job)
+    return [
+        j.metadata.creation_timestamp.timestamp()
+        for j in jobs
+        if j.metadata.name in wanted and j.metadata.creation_timestamp is not None
     ]
 
 
