@@ -509,7 +509,9 @@ def command() -> Any:
 def main() -> None:
     """Run `gctl` with sys.argv: one line and a non-zero exit for every error a user can cause."""
     try:
-        command()()
+        # The program's name, given: click would take a served command's from the server's
+        # `python -m gctl.cli.cmdserver`.
+        command()(prog_name="gctl")
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:

@@ -19,7 +19,11 @@ from gctl.cli import client, cmdserver
         (["get", "jobs", "-o", "wide"], True),
         (["logs", "train"], True),
         (["delete", "-f", "job.yaml"], True),  # -f is a file here, not --follow
-        (["run", "--", "python", "--attach"], True),  # the command's own words
+        (["run", "--", "python", "--attach"], False),  # the command's own word: here, to be safe
+        (["run", "--", "python", "-w"], True),
+        (["get", "jobs", "-l", "--", "-w"], False),  # `--` as an option's value
+        (["--db", "--", "get", "jobs", "-w"], False),
+        (["logs", "train", "-n", "--", "-f"], False),
         (["get", "jobs", "-w"], False),
         (["get", "jobs", "--watch-only"], False),
         (["get", "jobs", "-Aw"], False),
@@ -59,6 +63,43 @@ def test_the_socket_directory_must_be_private(
     assert path is not None
     assert Path(path).parent == made
     assert made.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_relative_socket_directory_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(client.DIR_ENV, "relative")
+    assert client.socket_dir() == str(tmp_path / "relative")
+
+
+def test_the_startup_environment_is_what_python_and_the_libraries_read_as_they_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in (("TYPER_USE_RICH", "0"), ("LANG", "C"), ("GCTL_DB", "x.db")):
+        monkeypatch.setenv(name, value)
+    startup = client.startup_environment()
+    assert (startup["TYPER_USE_RICH"], startup["LANG"]) == ("0", "C")
+    assert "GCTL_DB" not in startup
+
+
+def test_the_identity_tells_a_nicer_process_apart() -> None:
+    import os
+    import subprocess
+    import sys
+
+    probe = "from gctl.cli import client; import sys; sys.stdout.buffer.write(client.identity())"
+    same, nicer = (
+        subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            check=True,
+            preexec_fn=(lambda: os.nice(5)) if nice else None,
+        ).stdout
+        for nice in (False, True)
+    )
+    assert same == client.identity()
+    assert nicer != same
 
 
 def test_a_socket_path_too_long_for_unix_sockets_is_not_used(
