@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -102,10 +102,14 @@ def wait_gone(pid: int) -> None:
 
 @contextmanager
 def waiting_apply(
-    gctl: Gctl, group: int = -1, session: bool = False
+    gctl: Gctl,
+    group: int = -1,
+    session: bool = False,
+    before: Callable[[], object] | None = None,
 ) -> Iterator["subprocess.Popen[str]"]:
     """`gctl apply -f -` started with its stdin held open, so that it waits (`group=0`: in a
-    process group of its own, as a shell starts a command; `session`: in a session of its own)."""
+    process group of its own, as a shell starts a command; `session`: in a session of its own;
+    `before`: run in the new process before gctl starts)."""
     process = subprocess.Popen(
         [GCTL_BIN, "apply", "-f", "-"],
         stdin=subprocess.PIPE,
@@ -117,6 +121,7 @@ def waiting_apply(
         umask=0o027,
         process_group=group,
         start_new_session=session,
+        preexec_fn=before,  # noqa: PLW1509 (a test's own process, no threads of its own run)
     )
     try:
         yield process
@@ -367,17 +372,8 @@ def test_a_stopped_server_sees_its_commands_to_their_end(local: Gctl) -> None:
 def test_a_signal_the_caller_ignores_is_ignored_by_its_command(local: Gctl) -> None:
     """As under nohup: SIGHUP to the caller ends nothing."""
     server = warm(local)
-    process = subprocess.Popen(
-        [GCTL_BIN, "apply", "-f", "-"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=local.env(),
-        cwd=local.cwd,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # noqa: PLW1509
-    )
-    with process:
+    ignore_hangups = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+    with waiting_apply(local, before=ignore_hangups) as process:
         served_child(server, local.cwd)
         process.send_signal(signal.SIGHUP)
         out, _ = process.communicate(MANIFEST, timeout=WAIT_S)
@@ -420,16 +416,8 @@ def test_a_caller_of_another_identity_is_not_served_by_this_server(local: Gctl) 
     where = Path(os.environ[client.DIR_ENV])
     others = set(where.glob("*.sock"))
 
-    def nicer_apply() -> "subprocess.Popen[str]":
-        return subprocess.Popen(
-            [GCTL_BIN, "apply", "-f", "-"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=local.env(),
-            cwd=local.cwd,
-            preexec_fn=lambda: os.nice(5),  # noqa: PLW1509
-        )
+    def nicer_apply() -> "contextlib.AbstractContextManager[subprocess.Popen[str]]":
+        return waiting_apply(local, before=lambda: os.nice(5))
 
     with nicer_apply() as first:  # no server of its identity yet: it starts one
         assert first.communicate(MANIFEST, timeout=WAIT_S)[0] == "job.gctl/piped created\n"
