@@ -73,7 +73,6 @@ PRELOAD = (
     "sqlalchemy.dialects.postgresql.psycopg",
     "psycopg",
 )
-PACKAGES = ("gctl",)
 BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 FDS = len(client.STDIO) + 1  # the standard streams and the working directory
 
@@ -90,17 +89,26 @@ def preload(names: tuple[str, ...] = PRELOAD) -> None:
             importlib.import_module(name)
 
 
-def fingerprint(roots: tuple[str, ...]) -> Fingerprint:
-    """The modification time and size of every imported module's file under `roots`, and of
-    the directories packages are installed in (an install or upgrade changes them)."""
+def watched_files(roots: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The files whose change makes the server stale: every imported module's file under
+    `roots` (default: gctl's package), and the directories packages are installed in (an
+    install or upgrade changes them). Taken once, after the preload: what a child imports
+    later is read fresh from disk by that child."""
+    if roots is None:
+        roots = tuple(os.path.join(p, "") for p in importlib.import_module("gctl").__path__)
     files = {
         path
         for module in list(sys.modules.values())
         if (path := getattr(module, "__file__", None)) and path.startswith(roots)
     }
     files.update(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib"))
+    return tuple(sorted(files))
+
+
+def fingerprint(files: tuple[str, ...]) -> Fingerprint:
+    """The modification time and size of each of `files` (-1 for one that is gone)."""
     seen = []
-    for path in sorted(files):
+    for path in files:
         try:
             info = os.stat(path)
         except OSError:
@@ -108,14 +116,6 @@ def fingerprint(roots: tuple[str, ...]) -> Fingerprint:
         else:
             seen.append((path, info.st_mtime_ns, info.st_size))
     return tuple(seen)
-
-
-def package_roots() -> tuple[str, ...]:
-    roots: list[str] = []
-    for name in PACKAGES:
-        module = sys.modules.get(name) or importlib.import_module(name)
-        roots.extend(os.path.join(p, "") for p in getattr(module, "__path__", []))
-    return tuple(roots)
 
 
 # -- the child: it becomes the command -----------------------------------------------------
@@ -257,7 +257,7 @@ class Server:
     path: str
     listener: socket.socket | None
     lock: int | None
-    roots: tuple[str, ...]
+    files: tuple[str, ...]  # watched_files()
     seen: Fingerprint
     stale: bool = False
     stopping: bool = False
@@ -385,7 +385,7 @@ class Server:
 
     def _refusal(self, peer: int) -> str | None:
         """Why this server must not run the command: stale, or a caller of another identity."""
-        if self.stale or fingerprint(self.roots) != self.seen:
+        if self.stale or fingerprint(self.files) != self.seen:
             self.stale = True
             return "stale"
         try:
@@ -534,10 +534,10 @@ def main() -> None:
     from gctl.cli import main as cli
 
     cli.command()
-    roots = package_roots()
-    seen = fingerprint(roots)
+    files = watched_files()
+    seen = fingerprint(files)
     listener, bound = _listen(path)
-    server = Server(path, listener, lock, roots, seen, bound=bound)
+    server = Server(path, listener, lock, files, seen, bound=bound)
     # Edited while it was importing: what it imported may be older than the files say.
     server.stale = any(mtime >= started - EDIT_MARGIN_NS for _, mtime, _ in seen)
 

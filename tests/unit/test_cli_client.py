@@ -121,14 +121,14 @@ def test_the_fingerprint_changes_when_an_imported_module_file_does(
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("fingerprinted_pkg.mod")
     try:
-        roots = (os.path.join(str(package), ""),)
-        before = cmdserver.fingerprint(roots)
+        files = cmdserver.watched_files((os.path.join(str(package), ""),))
+        before = cmdserver.fingerprint(files)
         assert any(path == str(module) for path, _, _ in before)
-        assert cmdserver.fingerprint(roots) == before
+        assert cmdserver.fingerprint(files) == before
 
         info = module.stat()
         os.utime(module, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
-        assert cmdserver.fingerprint(roots) != before
+        assert cmdserver.fingerprint(files) != before
     finally:
         for name in ("fingerprinted_pkg.mod", "fingerprinted_pkg"):
             sys.modules.pop(name, None)
