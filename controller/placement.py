@@ -709,12 +709,19 @@ class _Planner:
         self, request: Request, static: snapshot.Static, wanted: int, *, reserving: bool
     ) -> tuple[datetime | None, list[snapshot.Slot]] | None:
         """The `wanted` GPUs of one node that free soonest on the simulated timeline, then
-        those most already free; a reservation takes no GPU another Job holds."""
+        those most already free; a reservation takes no GPU another Job holds, nor one that
+        freed for the Job bound ahead to it (its agent is starting it there: reserving it would
+        only send that Job, and every Job bound ahead behind it, to other places)."""
         options = []
         for name, takeable in static.takeable:
             slots = takeable
             if reserving:
-                slots = [s for s in slots if s.reserved is None or s.reserved.holder is request]
+                slots = [
+                    s
+                    for s in slots
+                    if (s.reserved is None or s.reserved.holder is request)
+                    and not _queued_for_another(s, request)
+                ]
             if len(slots) < wanted:
                 continue
             if wanted == 1:

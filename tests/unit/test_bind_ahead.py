@@ -173,3 +173,17 @@ def test_only_changes_count_against_max_placements() -> None:
     )
     assert [d.request.name for d in result.decisions] == ["kept", "new"]
     assert at(result.decisions[1]) == ("a", (1,))
+
+
+def test_a_gpu_its_next_job_is_about_to_start_on_is_not_reserved_for_another() -> None:
+    # "next" is bound ahead to GPU 0, whose job just ended: its agent is starting it there.
+    # "half" is ahead of it in the queue, but may not share GPU 0 nor fit beside "y", so it
+    # is the first blocked Job: it reserves GPU 1, not the GPU "next" is about to start on.
+    mine = queued("next", "a", 0)
+    y = running("y", "a", 1, preemptible=False)
+    shot = snapshot(gpus("a", 2), allocations=[y, mine])
+    result = decide(shot, req("half", 0.5, priority=9), again(req("next"), mine))
+    assert at(result["half"]) is None
+    assert result["half"].held == (("a", 1),)
+    assert at(result["next"]) == ("a", (0,))
+    assert not placement.changes(result["next"])

@@ -1,8 +1,8 @@
 """Properties of the planner over random clusters and queues (hypothesis): no GPU is ever
 over-committed, closed GPUs take nothing, and a Job is never passed over by a later one of its
 pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
-none is started on a GPU whose job bound ahead is about to start; and the planner's fit
-indexes decide exactly as looking at every node would."""
+none is started on, nor reserved on, a GPU whose job bound ahead is about to start; and the
+planner's fit indexes decide exactly as looking at every node would."""
 
 import dataclasses
 from collections import defaultdict
@@ -308,6 +308,7 @@ def test_jobs_bound_ahead_never_share_a_place_or_lose_it_to_a_start(
     for d in second.decisions:  # a job bound ahead that moves or waits again frees its place
         if d.request.queued is not None and placement.changes(d):
             waiting_there -= _gpus_of(d.request.queued)
+    started: set[tuple[str, int]] = set()
     for d in second.decisions:
         if d.placement is None:
             continue
@@ -321,6 +322,11 @@ def test_jobs_bound_ahead_never_share_a_place_or_lose_it_to_a_start(
             for key in keys:
                 if key in waiting_there and (mine is None or key not in _gpus_of(mine)):
                     raise AssertionError(f"{d.request.name} started on {key}, taken already")
+            started.update(keys)
+    for d in second.decisions:
+        if d.placement is None and not d.victims:  # a reservation: the pool's first blocked Job
+            taken = set(d.held) & (waiting_there - started)  # behind a start: may be reserved
+            assert not taken, f"{d.request.name} reserved {taken}, where a job is about to start"
 
 
 def _gpus_of(a: Allocation) -> set[tuple[str, int]]:
