@@ -118,7 +118,11 @@ class _Planner:
         self.partial: dict[tuple[str, int], snapshot.Slot] = {}  # shared GPUs with room left
         self.stopping: set[Allocation] = set()
         self.places: dict[Allocation, list[snapshot.Slot]] = {}  # attempt bound ahead -> GPUs
-        self.version = 0  # moves with every change of capacity, for cached messages
+        self.version = 0  # moves with every change of capacity or of a GPU's next job
+        # Moves with every change a waiting Job's message could show (`_blocker`'s answer for
+        # some request): not when a Job is bound ahead to GPUs busy with a whole job, which
+        # say "in use" or "too full" to every request before they say who is next there.
+        self.blocking = 0
         # Each change to a node's GPUs, in order (`_touch`): the fit indexes catch up from it.
         self.changes: list[str] = []
         self.changed_at: dict[str, int] = {}  # node -> position of its last change, plus one
@@ -173,6 +177,7 @@ class _Planner:
         else:
             self.partial.pop(key, None)
         self.version += 1
+        self.blocking += 1
 
     # -- the steps -----------------------------------------------------------------------------
 
@@ -535,6 +540,7 @@ class _Planner:
             slot.queued = None
             self._touch(slot.gpu.node)
             self.version += 1
+            self.blocking += _open(slot)
 
     def _places_of(self, queued: Allocation) -> list[snapshot.Slot]:
         """The GPUs whose next job the attempt bound ahead still is."""
@@ -618,6 +624,7 @@ class _Planner:
             slot.next = request
             self._touch(slot.gpu.node)
             slot.free_at = ends
+            self.blocking += _open(slot)
         self.version += 1
         indices = tuple(sorted(s.gpu.index for s in chosen))
         return Decision(
@@ -658,6 +665,7 @@ class _Planner:
             self._touch(slot.gpu.node)
             keys.append(snapshot.at(slot))
         self.version += 1
+        self.blocking += 1
         return tuple(keys)
 
     # -- 4. preempt ----------------------------------------------------------------------------
@@ -746,7 +754,7 @@ class _Planner:
     ) -> str:
         """Why the request waits (`diagnosis.why`). Deep in the queue it is worked out once per
         shape and pass."""
-        key = (*shape, self.version if position <= QUEUE_HEAD else -1)
+        key = (*shape, self.blocking if position <= QUEUE_HEAD else -1)
         cached = self.messages.get(key)
         if cached is not None:
             return cached
@@ -819,6 +827,12 @@ def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.S
 def _own_place(slot: snapshot.Slot, request: Request) -> bool:
     """Whether the GPU's next job is the request's own attempt, bound ahead in an earlier pass."""
     return slot.queued is not None and slot.queued is request.queued
+
+
+def _open(slot: snapshot.Slot) -> bool:
+    """Whether a request's `_blocker` may look at who is next on the GPU: it is not full with
+    one whole job, which every request is told first."""
+    return slot.jobs == 0 or slot.share < 1 - EPSILON
 
 
 def _queued_for_another(slot: snapshot.Slot, request: Request) -> bool:

@@ -2,7 +2,8 @@
 over-committed, closed GPUs take nothing, and a Job is never passed over by a later one of its
 pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
 none is started on, nor reserved on, a GPU whose job bound ahead is about to start; and the
-planner's fit indexes decide exactly as looking at every node would."""
+planner's fit indexes and cached messages decide exactly as looking at every node and working
+out every message would."""
 
 import dataclasses
 from collections import defaultdict
@@ -13,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import placement
+from controller import diagnosis, placement
 from controller.placement import GPU, Allocation, Node, Pool, Request, Snapshot
 from controller.snapshot import Static
 
@@ -216,20 +217,49 @@ def test_planning_is_deterministic(shot: Snapshot, requests: list[Request]) -> N
 
 
 @contextmanager
-def _scanning() -> Iterator[None]:
-    """The planner without its fit indexes: every fit looks at every node."""
-    indexed = placement._Planner._indexed_fit
-
-    def scan(
-        self: placement._Planner, request: Request, pool: Pool, static: Static, wanted: int
-    ) -> placement.snapshot.Fit | None:
-        return self._scan(request, pool, static, wanted, frozenset(), prune=False)
-
-    placement._Planner._indexed_fit = scan  # type: ignore[method-assign]
+def _replaced(method: str, replacement: object) -> Iterator[None]:
+    """The planner with one of its methods replaced."""
+    kept = getattr(placement._Planner, method)
+    setattr(placement._Planner, method, replacement)
     try:
         yield
     finally:
-        placement._Planner._indexed_fit = indexed  # type: ignore[method-assign]
+        setattr(placement._Planner, method, kept)
+
+
+def _scan(
+    self: placement._Planner, request: Request, pool: Pool, static: Static, wanted: int
+) -> placement.snapshot.Fit | None:
+    """`_indexed_fit` without the fit indexes: every fit looks at every node."""
+    return self._scan(request, pool, static, wanted, frozenset(), prune=False)
+
+
+def _exact_why(
+    self: placement._Planner, request: Request, pool: Pool, static: Static, *_: object
+) -> str:
+    """`_why` without its cache: every waiting Job's message worked out afresh."""
+    return diagnosis.why(static, self._blocker, request, pool)
+
+
+def _decides_the_same_without(
+    method: str,
+    replacement: object,
+    shot: Snapshot,
+    requests: list[Request],
+    data: st.DataObject,
+) -> None:
+    """The planner decides as it does with `method` replaced, over two passes, so that Jobs
+    bound ahead in the first are decided again."""
+    for _ in range(2):
+        planned = placement.plan(shot, requests, T0)
+        with _replaced(method, replacement):
+            assert placement.plan(shot, requests, T0) == planned
+        ended = set(
+            data.draw(st.sets(st.sampled_from([a.binding for a in shot.allocations])))
+            if shot.allocations
+            else set()
+        )
+        shot, requests = _after_pass(shot, planned.decisions, ended)
 
 
 @settings(max_examples=300, deadline=None)
@@ -237,18 +267,18 @@ def _scanning() -> Iterator[None]:
 def test_the_fit_indexes_decide_as_a_scan_of_every_node(
     shot: Snapshot, requests: list[Request], data: st.DataObject
 ) -> None:
-    """Over two passes, so that Jobs bound ahead in the first are decided again."""
-    for _ in range(2):
-        indexed = placement.plan(shot, requests, T0)
-        with _scanning():
-            scanned = placement.plan(shot, requests, T0)
-        assert indexed == scanned
-        ended = set(
-            data.draw(st.sets(st.sampled_from([a.binding for a in shot.allocations])))
-            if shot.allocations
-            else set()
-        )
-        shot, requests = _after_pass(shot, indexed.decisions, ended)
+    _decides_the_same_without("_indexed_fit", _scan, shot, requests, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_the_head_of_the_queue_is_told_exactly_why_it_waits(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    """Every Job here is at the head of its queue (QUEUE_HEAD): its message is worked out for
+    it, or taken from one worked out since nothing it could show changed."""
+    assert len(requests) <= placement.QUEUE_HEAD
+    _decides_the_same_without("_why", _exact_why, shot, requests, data)
 
 
 def _after_pass(
