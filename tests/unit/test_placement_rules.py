@@ -248,6 +248,14 @@ def test_the_first_blocked_job_reserves_its_gpus_and_later_jobs_wait() -> None:
     )
 
 
+def test_a_job_like_the_reserving_one_is_told_of_the_reservation() -> None:
+    result = decide(_blocked_big_job(False), req("big", 2, priority=5), req("twin", 2))
+    assert result["big"].message == "1/2 GPUs fit, but no node has 2 of them: 1 in use"
+    assert (
+        result["twin"].message == "0/2 GPUs fit: 1 in use, 1 reserved for a Job ahead in the queue"
+    )
+
+
 @pytest.mark.parametrize(
     ("deadline", "starts"), [(300, True), (600, True), (601, False), (None, False)]
 )
