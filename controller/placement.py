@@ -12,7 +12,9 @@ name) and decides each request in numbered steps:
    lowest (then the most recently started), hold their GPUs and wait;
 5. bind ahead: where its pool allows it, bind it to the busy whole GPUs that free soonest,
    queued behind the jobs on them (one job ahead per GPU): their agent starts it the moment
-   they end, with no round trip through the controller;
+   they end, with no round trip through the controller; a place held by a Job later in the
+   queue is taken from the last such Job, so that one Job waits again rather than every Job
+   bound ahead moving one place along;
 6. reserve: the first Job of its pool that still cannot start reserves the GPUs that free
    soonest (then: the most already free); later Jobs may not use them, unless the pool
    backfills and their deadline ends before the reservation's estimated start.
@@ -105,7 +107,9 @@ def _later(a: datetime | None, b: datetime | None) -> datetime | None:
 class _Planner:
     def __init__(self, world: Snapshot, now: datetime, movable: Iterable[Allocation] = ()) -> None:
         self.now = now
-        self.movable = frozenset(movable)  # attempts bound ahead that this pass decides again
+        queue = list(movable)  # attempts bound ahead that this pass decides again, in order
+        self.movable = frozenset(queue)
+        self.rank = {a: i for i, a in enumerate(queue)}  # how far back in the queue each is
         self.pools = dict(world.pools)  # the default pool is added when first asked for
         nodes = {n.name: n for n in world.nodes}
         self.nodes = sorted(nodes.values(), key=lambda n: n.name)
@@ -604,12 +608,25 @@ class _Planner:
             return None
         chosen = sorted(usable, key=lambda s: self._ahead_key(s, request))[:wanted]
         keys = [self._ahead_key(s, request) for s in chosen]
-        return (sum(k[0] for k in keys), sum(k[1] for k in keys), max(k[2] for k in keys)), chosen
+        score = (
+            sum(k[0] for k in keys),
+            sum(k[1] for k in keys),
+            max(k[2] for k in keys),
+            max(k[3] for k in keys),  # the Job nearest the front among those it takes from
+        )
+        return score, chosen
 
-    def _ahead_key(self, slot: snapshot.Slot, request: Request) -> tuple[int, int, datetime, int]:
+    def _ahead_key(
+        self, slot: snapshot.Slot, request: Request
+    ) -> tuple[int, int, datetime, int, int]:
+        """Its own place first, then places nobody holds, then those of Jobs behind it; the
+        GPU that frees soonest, then the place of the Job furthest back in the queue: that
+        Job finds no place behind it and waits again, where taking the place of the next Job
+        would send it to take the place of the one after it, and so on down the queue."""
         own = _own_place(slot, request)
         taken = slot.queued is not None and not own
-        return (0 if own else 1, int(taken), slot.free_at or NEVER, slot.gpu.index)
+        later = -self.rank.get(slot.queued, 0) if taken and slot.queued is not None else 0
+        return (0 if own else 1, int(taken), slot.free_at or NEVER, later, slot.gpu.index)
 
     def _queue(self, request: Request, node: str, chosen: list[snapshot.Slot]) -> Decision:
         self._release(request)

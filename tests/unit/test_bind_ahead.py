@@ -187,3 +187,22 @@ def test_a_gpu_its_next_job_is_about_to_start_on_is_not_reserved_for_another() -
     assert result["half"].held == (("a", 1),)
     assert at(result["next"]) == ("a", (0,))
     assert not placement.changes(result["next"])
+
+
+def test_a_job_ahead_takes_the_place_of_the_last_job_bound_ahead_not_the_next() -> None:
+    # Three GPUs busy until nobody knows when, each with a Job bound ahead (a, b, c in queue
+    # order). "urgent" comes first in the queue: it takes c's place, and only c waits again;
+    # taking a's would move a to b's place and b to c's.
+    places = [queued(name, "n", index) for index, name in enumerate("abc")]
+    shot = snapshot(
+        gpus("n", 3),
+        allocations=[*(running(f"r{i}", "n", i, preemptible=False) for i in range(3)), *places],
+    )
+    result = decide(
+        shot,
+        req("urgent", priority=9),
+        *(again(req(p.job, created=T0), p) for p in places),
+    )
+    assert (at(result["urgent"]), after(result["urgent"])) == (("n", (2,)), ["r2"])
+    assert [placement.changes(result[name]) for name in "abc"] == [False, False, True]
+    assert at(result["c"]) is None
