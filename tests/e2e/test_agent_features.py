@@ -70,12 +70,14 @@ def stamp(path: Path) -> float:
 def _signal_recorder(tmp_path: Path) -> list[str]:
     """A bash job that writes the time it got USR1 to `usr1` and TERM to `term` (exiting 0 on
     TERM). Bash runs a trap only once its foreground command returns: so it sleeps in the
-    background and waits, and `wait` returns early for each trapped signal."""
+    background and waits, and `wait` returns early for each trapped signal. Each stamp is
+    written aside and renamed into place: a test that waits for the file reads it whole."""
     script = f"""
-trap 'date +%s.%N > {tmp_path}/usr1' USR1
-trap 'date +%s.%N > {tmp_path}/term; exit 0' TERM
+stamp() {{ date +%s.%N > {tmp_path}/$1.part && mv {tmp_path}/$1.part {tmp_path}/$1; }}
+trap 'stamp usr1' USR1
+trap 'stamp term; exit 0' TERM
 sleep 300 &
-date +%s.%N > {tmp_path}/started
+stamp started
 while :; do wait $!; done
 """
     return ["bash", "-c", script]
