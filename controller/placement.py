@@ -624,9 +624,15 @@ class _Planner:
         Job finds no place behind it and waits again, where taking the place of the next Job
         would send it to take the place of the one after it, and so on down the queue."""
         own = _own_place(slot, request)
-        taken = slot.queued is not None and not own
-        later = -self.rank.get(slot.queued, 0) if taken and slot.queued is not None else 0
-        return (0 if own else 1, int(taken), slot.free_at or NEVER, later, slot.gpu.index)
+        holder = None if own else slot.queued  # the Job behind it whose place this is, if any
+        later = 0 if holder is None else -self.rank.get(holder, 0)
+        return (
+            0 if own else 1,
+            int(holder is not None),
+            slot.free_at or NEVER,
+            later,
+            slot.gpu.index,
+        )
 
     def _queue(self, request: Request, node: str, chosen: list[snapshot.Slot]) -> Decision:
         self._release(request)
