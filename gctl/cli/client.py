@@ -315,11 +315,21 @@ def signal_command(child: int, number: int) -> None:
 
 class _Relay:
     """Passes the signals this process gets to the child's process group while it runs (not
-    those it ignores: the child ignores them too)."""
+    those it ignores: the child ignores them too). It is in place before the request is sent:
+    a signal that comes before the server has said which child runs the command waits for
+    that answer (`attach`), and is taken by this process itself if none comes, so that a
+    Ctrl-C or Ctrl-Z in that moment is neither lost nor leaves the command running alone."""
 
-    def __init__(self, child: int, ignored: Sequence[int]) -> None:
-        self.child = child
+    def __init__(self, ignored: Sequence[int]) -> None:
+        self.child: int | None = None
+        self.pending: list[int] = []
         self.relayed = [n for n in RELAYED if n not in ignored]
+
+    def attach(self, child: int) -> None:
+        self.child = child
+        pending, self.pending = self.pending, []
+        for number in pending:
+            signal_command(child, number)
 
     def __enter__(self) -> "_Relay":
         for number in self.relayed:
@@ -333,9 +343,16 @@ class _Relay:
             signal.signal(number, signal.SIG_DFL)
         if signal.SIGINT in self.relayed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        pending, self.pending = self.pending, []
+        for left in pending:  # no child took them: they are this process's own again
+            if left not in (signal.SIGSTOP, signal.SIGCONT):  # a stop has happened here
+                os.kill(os.getpid(), left)
 
     def _send(self, number: int) -> None:
-        signal_command(self.child, number)
+        if self.child is None:
+            self.pending.append(number)
+        else:
+            signal_command(self.child, number)
 
     def _relay(self, number: int, _frame: object) -> None:
         self._send(number)
@@ -387,15 +404,16 @@ def run_served(argv: Sequence[str], path: str) -> int | None:
         except OSError:
             _start_server(path)
             return None
-        try:
-            reply = _hand_over(sock, argv)
-        except (OSError, ValueError, EOFError):
-            return None
-        if reply is None or "pid" not in reply:
-            if reply is not None and reply.get("refused") == "stale":
-                _start_server(path)
-            return None
-        with _Relay(int(reply["pid"]), _ignored()):
+        with _Relay(_ignored()) as relay:
+            try:
+                reply = _hand_over(sock, argv)
+            except (OSError, ValueError, EOFError):
+                return None
+            if reply is None or "pid" not in reply:
+                if reply is not None and reply.get("refused") == "stale":
+                    _start_server(path)
+                return None
+            relay.attach(int(reply["pid"]))
             try:
                 ended = receive_message(sock)
             except (OSError, ValueError, EOFError):

@@ -1,7 +1,10 @@
-"""Which `gctl` commands the command server runs, and how it tells that its modules changed."""
+"""Which `gctl` commands the command server runs, how it tells that its modules changed, and
+what the client does with a signal that comes before it knows the command's process."""
 
 import importlib
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,3 +135,21 @@ def test_the_fingerprint_changes_when_an_imported_module_file_does(
     finally:
         for name in ("fingerprinted_pkg.mod", "fingerprinted_pkg"):
             sys.modules.pop(name, None)
+
+
+def test_a_signal_before_the_command_has_a_process_is_passed_on_once_it_has() -> None:
+    command = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with client._Relay([]) as relay:
+            os.kill(os.getpid(), signal.SIGTERM)  # before the server's answer: kept
+            assert command.poll() is None
+            relay.attach(command.pid)
+            assert command.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        command.kill()
+        command.wait()
+
+
+def test_a_signal_no_command_took_is_this_processs_own_again() -> None:
+    with pytest.raises(KeyboardInterrupt), client._Relay([]):
+        os.kill(os.getpid(), signal.SIGINT)  # the server never answered: Ctrl-C ends gctl
