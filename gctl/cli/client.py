@@ -329,7 +329,10 @@ class _Relay:
         self.child = child
         pending, self.pending = self.pending, []
         for number in pending:
-            signal_command(child, number)
+            if number == signal.SIGTSTP:
+                self._stop(number, None)  # the command and this process stop together
+            else:
+                signal_command(child, number)
 
     def __enter__(self) -> "_Relay":
         for number in self.relayed:
@@ -345,8 +348,7 @@ class _Relay:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         pending, self.pending = self.pending, []
         for left in pending:  # no child took them: they are this process's own again
-            if left not in (signal.SIGSTOP, signal.SIGCONT):  # a stop has happened here
-                os.kill(os.getpid(), left)
+            os.kill(os.getpid(), left)
 
     def _send(self, number: int) -> None:
         if self.child is None:
@@ -357,10 +359,14 @@ class _Relay:
     def _relay(self, number: int, _frame: object) -> None:
         self._send(number)
 
-    def _stop(self, _number: int, _frame: object) -> None:
+    def _stop(self, number: int, _frame: object) -> None:
         # The child has no terminal, so a stop from the keyboard would not stop it: SIGSTOP does.
         # Then this process stops as it would have; where the kernel discards that stop (an
-        # orphaned process group), it goes on at once, and so must the child.
+        # orphaned process group), it goes on at once, and so must the child. Before the child
+        # is known, the stop waits for it: stopping alone would leave the command running.
+        if self.child is None:
+            self.pending.append(number)
+            return
         self._send(signal.SIGSTOP)
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTSTP)

@@ -153,3 +153,13 @@ def test_a_signal_before_the_command_has_a_process_is_passed_on_once_it_has() ->
 def test_a_signal_no_command_took_is_this_processs_own_again() -> None:
     with pytest.raises(KeyboardInterrupt), client._Relay([]):
         os.kill(os.getpid(), signal.SIGINT)  # the server never answered: Ctrl-C ends gctl
+
+
+def test_a_stop_before_the_command_has_a_process_waits_for_it() -> None:
+    """Ctrl-Z before the server's answer stops nothing yet: stopping this process alone would
+    leave the command running. (What follows, both stopping, tests/e2e/test_cmdserver.py
+    checks: here it would stop the test.)"""
+    with client._Relay([]) as relay:
+        os.kill(os.getpid(), signal.SIGTSTP)
+        assert relay.pending == [signal.SIGTSTP]
+        relay.pending.clear()
