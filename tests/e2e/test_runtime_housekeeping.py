@@ -32,6 +32,10 @@ def test_a_launch_the_fork_server_never_answered_is_absent_and_launched_again(
 ) -> None:
     launch_script(node, "warm-up", "true")  # starts the fork server
     node.settle()
+    # The warm-up's supervisor is forked with the server's socket and closes its copy first
+    # thing. Were that the socket's last close, `settle` could hear of it before the kernel has
+    # let go of the job's lock queued there: the job would look running for a moment.
+    until(lambda: node.state("warm-up").phase == "exited", "the warm-up to end")
     server = node._forker._process
     assert server is not None
     os.kill(server.pid, signal.SIGSTOP)  # it reads no more requests...
