@@ -53,7 +53,9 @@ def members(reader: "store.Store", name: str) -> list[meta.Resource]:
         table = tables.table_of(kind)
         label = table.c.labels[applyset.LABEL].as_string()
         rows = reader.session.execute(
-            select(table).where(label == name).order_by(table.c.namespace, table.c.name)
+            select(*tables.readable(table))
+            .where(label == name)
+            .order_by(table.c.namespace, table.c.name)
         ).all()
         for row in rows:
             obj = cls.model_validate(store.row_to_wire(cls, row))

@@ -53,7 +53,7 @@ class EventLog:
         self._read.update(wanted)
         for start in range(0, len(wanted), CHUNK):
             rows = self._writer.execute(
-                select(table)
+                select(*tables.readable(table))
                 .where(table.c.involved_uid.in_(wanted[start : start + CHUNK]))
                 # An object's events of one transaction share both; names grow in time.
                 .order_by(table.c.created_at, table.c.resource_version, table.c.name)
@@ -99,7 +99,7 @@ class EventLog:
         """The object's latest events, oldest first."""
         table = tables.table_of(event.Event.KIND)
         rows = self._writer.execute(
-            select(table)
+            select(*tables.readable(table))
             .where(table.c.involved_uid == involved.metadata.uid)
             .order_by(table.c.created_at.desc())
             .limit(limit)

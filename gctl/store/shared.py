@@ -51,7 +51,7 @@ def wires(
         select(table.c.uid, table.c.resource_version).where(*where).order_by(*order)
     ).all()
     if len(keys) > MAX_KEPT:  # too many to keep: decode them all, as they come
-        rows = execute(select(table).where(*where).order_by(*order))
+        rows = execute(select(*tables.readable(table)).where(*where).order_by(*order))
         return [listing.row_to_wire(cls.INFO, r._mapping) for r in rows]
     found: dict[str, dict[str, Any]] = {}  # of this read: another thread may empty the cache
     missing = []
@@ -65,7 +65,7 @@ def wires(
         _DECODED.clear()
     for start in range(0, len(missing), CHUNK):
         chunk = missing[start : start + CHUNK]
-        for row in execute(select(table).where(*where, table.c.uid.in_(chunk))):
+        for row in execute(select(*tables.readable(table)).where(*where, table.c.uid.in_(chunk))):
             found[row.uid] = listing.row_to_wire(cls.INFO, row._mapping)
             _DECODED[row.uid] = (row.resource_version, found[row.uid])
     # On PostgreSQL a row may have changed, stopped matching or gone between the two reads:

@@ -184,9 +184,11 @@ class Store:
         names: Sequence[str] | None = None,
         *,
         for_update: bool = False,
+        decoded: bool = False,
     ) -> Sequence[Row[Any]]:
+        """The rows, for `row_to_wire`; `decoded`: with the JSON documents decoded, to use."""
         table = _table(cls.KIND)
-        query = select(table)
+        query = select(table) if decoded else select(*tables.readable(table))
         if namespace is not None or not cls.NAMESPACED:
             query = query.where(table.c.namespace == namespace_of(cls, namespace))
         if names is not None:
@@ -223,7 +225,9 @@ class Store:
             if '"' in key:  # a label key never holds one (meta.Labels); SQLite cannot quote it
                 raise ValueError(f"label key {key!r}: no double quotes")
             matches = func.json_extract(table.c.labels, f'$."{key}"') == value
-        query = select(table).where(table.c.namespace == namespace_of(cls, namespace), matches)
+        query = select(*tables.readable(table)).where(
+            table.c.namespace == namespace_of(cls, namespace), matches
+        )
         rows = self.execute(query.order_by(table.c.name)).all()
         return [row_to_wire(cls, row) for row in rows]
 
@@ -302,7 +306,9 @@ class Store:
         ordered = sorted(set(job_uids))
         for start in range(0, len(ordered), 500):
             chunk = ordered[start : start + 500]
-            for row in self.execute(select(table).where(table.c.job_uid.in_(chunk))):
+            for row in self.execute(
+                select(*tables.readable(table)).where(table.c.job_uid.in_(chunk))
+            ):
                 b = binding.Binding.model_validate(row_to_wire(binding.Binding, row))
                 found.setdefault(row.job_uid, []).append(b)
         for attempts in found.values():
@@ -312,7 +318,7 @@ class Store:
     def bindings_of(self, job_uid: str) -> list[binding.Binding]:
         """Every attempt of one Job, oldest first."""
         table = _table(binding.Binding.KIND)
-        rows = self.execute(select(table).where(table.c.job_uid == job_uid)).all()
+        rows = self.execute(select(*tables.readable(table)).where(table.c.job_uid == job_uid)).all()
         found = [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
         return sorted(found, key=lambda b: b.spec.attempt)
 
@@ -321,7 +327,7 @@ class Store:
     ) -> list[binding.Binding]:
         """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases."""
         table = _table(binding.Binding.KIND)
-        query = select(table).where(table.c.phase.in_(sorted(phases)))
+        query = select(*tables.readable(table)).where(table.c.phase.in_(sorted(phases)))
         if node_name is not None:
             query = query.where(table.c.node == node_name)
         rows = self.execute(query).all()
@@ -530,7 +536,7 @@ class Store:
 
     def _current(self, obj: meta.Resource) -> Row[Any]:
         cls = type(obj)
-        rows = self._rows(cls, namespace_of(cls, obj.metadata.namespace), [obj.name])
+        rows = self._rows(cls, namespace_of(cls, obj.metadata.namespace), [obj.name], decoded=True)
         if not rows or (obj.metadata.uid is not None and rows[0].uid != obj.metadata.uid):
             raise errors.NotFound(namespaced_not_found(cls, obj.name, obj.metadata.namespace))
         if obj.metadata.resource_version != str(rows[0].resource_version):

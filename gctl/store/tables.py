@@ -6,6 +6,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    ColumnElement,
     DateTime,
     Dialect,
     Index,
@@ -13,6 +14,8 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
+    type_coerce,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -164,6 +167,24 @@ class ChangeRow(Base):
 def table_of(kind: str) -> Table:
     """The table that stores a kind."""
     return Base.metadata.tables[ROWS[kind].__tablename__]  # type: ignore[attr-defined]
+
+
+_READABLE: dict[str, list[ColumnElement[Any]]] = {}
+
+
+def readable(table: Table) -> list[ColumnElement[Any]]:
+    """The table's columns for a read that `listing.row_to_wire` decodes: `select(*readable(t))`
+    in place of `select(t)`. The JSON documents come back as stored (text, on SQLite), not
+    decoded by SQLAlchemy: `row_to_wire` decodes them itself and skips the empty ones most rows
+    hold (labels, annotations, finalizers and owner references), which SQLAlchemy would pass to
+    json.loads one by one: 4 of a Job's 6 documents, a third of the time it takes to read one."""
+    columns = _READABLE.get(table.name)
+    if columns is None:
+        columns = _READABLE[table.name] = [
+            type_coerce(c, Text).label(c.name) if isinstance(c.type, JSON) else c
+            for c in table.columns
+        ]
+    return columns
 
 
 ROWS: dict[str, type[ObjectRow]] = {
