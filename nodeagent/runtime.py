@@ -77,12 +77,17 @@ class Runtime:
         self.attempts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._forker = _ForkServer()
+        # Supervisors started in a fresh interpreter are this process's children: reaped by
+        # `settle` once they end.
+        self._direct: list[subprocess.Popen[bytes]] = []
         self._tidier = _Tidier(state_dir / "trash")
 
     def close(self) -> None:
-        """Stop the fork server (supervisors it started keep running) and the tidier."""
+        """Stop the fork server and the tidier. Supervisors keep running; those started in a
+        fresh interpreter that have ended are reaped."""
         self._forker.close()
         self._tidier.close()
+        self._direct = [started for started in self._direct if started.poll() is None]
 
     def log_path(self, namespace: str, job: str, attempt: int) -> Path:
         return self.logs_dir / namespace / job / f"attempt-{attempt}.log"
@@ -224,7 +229,9 @@ class Runtime:
             supervisor.write_atomically(
                 directory / supervisor.LAUNCHED, {"bootId": supervisor.boot_id()}, durable=False
             )
-            pid = _start_supervisor(directory, lock_fd)
+            started = _start_supervisor(directory, lock_fd)
+            self._direct.append(started)
+            pid = started.pid
             if launch.wait_for:
                 _note_armed_pid(directory, pid)
         finally:
@@ -233,10 +240,12 @@ class Runtime:
 
     def settle(self) -> None:
         """Note the pids of the armed supervisors forked since the last call in their markers
-        (`_note_armed_pid`). The agent calls it once a pass, after its launches: waiting for
-        each fork's reply as it is made would cost every launch the fork's time."""
+        (`_note_armed_pid`), and reap the supervisors started in a fresh interpreter that have
+        ended. The agent calls it once a pass, after its launches: waiting for each fork's
+        reply as it is made would cost every launch the fork's time."""
         for directory, pid in self._forker.replies():
             _note_armed_pid(directory, pid)
+        self._direct = [started for started in self._direct if started.poll() is None]
 
     def stop(
         self, uid: str, *, warn: bool = True, reason: str | None = None, message: str | None = None
@@ -322,8 +331,8 @@ def _terminate(record: dict[str, object] | None) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def _start_supervisor(directory: Path, lock_fd: int) -> int:
-    """A supervisor in a fresh interpreter: the fork server's fallback. Returns its pid."""
+def _start_supervisor(directory: Path, lock_fd: int) -> subprocess.Popen[bytes]:
+    """A supervisor in a fresh interpreter: the fork server's fallback."""
     with open(directory / "supervisor.err", "ab") as errors:
         return subprocess.Popen(
             # The supervisor needs the standard library only: started isolated (-I) and without
@@ -335,7 +344,7 @@ def _start_supervisor(directory: Path, lock_fd: int) -> int:
             stdout=subprocess.DEVNULL,
             stderr=errors,
             close_fds=True,
-        ).pid
+        )
 
 
 class _Tidier:

@@ -1,26 +1,34 @@
 """How a supervisor starts a job, through the node runtime with real processes: the command
 found on the job's own PATH, in its working directory, with nothing of the supervisor but its
 log on stdout and stderr, and no signal ignored or blocked; and what a job that cannot start
-reports."""
+reports. Each case runs twice: started at once, and armed behind a running attempt (its
+supervisor waits, then starts the job at the hand-off)."""
 
 import os
 import stat
 import sys
 from pathlib import Path
 
+import pytest
+
 from nodeagent import runtime
-from tests.e2e.conftest import until
+from tests.e2e.conftest import launch_script, until
 
 
-def run(
+@pytest.fixture(params=["direct", "armed"])
+def armed(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param == "armed")
+
+
+def launch(
     node: runtime.Runtime,
     uid: str,
     argv: list[str],
     *,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
-) -> runtime.State:
-    """Launch `argv` as attempt `uid` and wait for it to end."""
+    after: tuple[str, ...] = (),
+) -> None:
     node.launch(
         runtime.Launch(
             uid=uid,
@@ -29,8 +37,38 @@ def run(
             cwd=cwd,
             log_path=node.log_path("default", uid, 1),
             grace_seconds=2.0,
+            wait_for=tuple(node.lock_path(before) for before in after),
         )
     )
+
+
+def holding(node: runtime.Runtime, tmp: Path, before: str = "") -> Path:
+    """Launch `first`, which runs `before` then until the returned file exists."""
+    release = tmp / "release"
+    launch_script(node, "first", f"{before}\nwhile [ ! -e {release} ]; do sleep 0.02; done")
+    until(lambda: node.state("first").pid is not None, "first to run")
+    return release
+
+
+def run(
+    node: runtime.Runtime,
+    uid: str,
+    argv: list[str],
+    *,
+    armed: bool,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    before: str = "",
+) -> runtime.State:
+    """Launch `argv` as attempt `uid` and wait for it to end: `armed`, behind an attempt that
+    runs the shell commands `before` and ends once `uid` is armed."""
+    if not armed:
+        launch(node, uid, argv, env=env, cwd=cwd)
+    else:
+        release = holding(node, node.attempts_dir.parent, before)
+        launch(node, uid, argv, env=env, cwd=cwd, after=("first",))
+        until(lambda: node.state(uid).phase == "armed", f"{uid} to be armed")
+        release.touch()
     until(lambda: node.state(uid).phase == "exited", f"{uid} to end")
     return node.state(uid)
 
@@ -47,64 +85,102 @@ def tool(directory: Path, name: str, body: str, *, executable: bool = True) -> P
     return path
 
 
-def test_the_job_holds_only_stdin_stdout_and_stderr(node: runtime.Runtime) -> None:
+@pytest.mark.parametrize("server", ["fork server", "fresh interpreter"])
+def test_the_job_holds_only_stdin_stdout_and_stderr(
+    node: runtime.Runtime, armed: bool, server: str
+) -> None:
     """Not the attempt's lock above all: a job that left a process behind holding it would
-    keep the job armed behind it from ever starting."""
+    keep the job armed behind it from ever starting. A supervisor in a fresh interpreter (the
+    fork server's fallback) inherits the lock as a plain descriptor."""
+    if server == "fresh interpreter":
+        node._forker.fork = lambda *args, **kwargs: False  # type: ignore[method-assign]
     code = "import os; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))"
-    state = run(node, "fds", [sys.executable, "-c", code])
+    state = run(node, "fds", [sys.executable, "-c", code], armed=armed)
     assert state.exit_code == 0
     assert output(node, "fds").strip() == "[0, 1, 2, 3]"  # 3: the listing's own
 
+    def reaped() -> bool:  # the supervisors the runtime started itself, as they end
+        node.settle()
+        return not node._direct
 
-def test_no_signal_is_ignored_or_blocked_in_the_job(node: runtime.Runtime) -> None:
-    state = run(node, "signals", ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"])
+    until(reaped, "the supervisors to be reaped")
+
+
+def test_no_signal_is_ignored_or_blocked_in_the_job(node: runtime.Runtime, armed: bool) -> None:
+    argv = ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"]
+    state = run(node, "signals", argv, armed=armed)
     assert state.exit_code == 0
     masks = dict(line.split(":") for line in output(node, "signals").splitlines())
     assert {name: int(mask, 16) for name, mask in masks.items()} == {"SigBlk": 0, "SigIgn": 0}
 
 
 def test_the_command_is_looked_up_on_the_jobs_path_in_order(
-    node: runtime.Runtime, tmp_path: Path
+    node: runtime.Runtime, tmp_path: Path, armed: bool
 ) -> None:
     tool(tmp_path / "first", "mytool", "echo first", executable=False)  # skipped
     tool(tmp_path / "second", "mytool", "echo second")
     tool(tmp_path / "third", "mytool", "echo third")
     path = os.pathsep.join(str(tmp_path / d) for d in ("none", "first", "second", "third"))
-    state = run(node, "path", ["mytool"], env={"PATH": f"{path}:/usr/bin:/bin"})
+    state = run(node, "path", ["mytool"], env={"PATH": f"{path}:/usr/bin:/bin"}, armed=armed)
     assert state.exit_code == 0
     assert output(node, "path") == "second\n"
 
 
 def test_a_command_found_only_unexecutable_cannot_start_and_says_so(
-    node: runtime.Runtime, tmp_path: Path
+    node: runtime.Runtime, tmp_path: Path, armed: bool
 ) -> None:
     tool(tmp_path / "bin", "mytool", "echo never", executable=False)
-    state = run(node, "denied", ["mytool"], env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    state = run(node, "denied", ["mytool"], env=env, armed=armed)
     assert (state.exit_code, state.reason) == (127, "StartError")
     assert state.message == "[Errno 13] Permission denied: 'mytool'"
     assert output(node, "denied") == "gctl: cannot start 'mytool': Permission denied\n"
 
 
-def test_a_command_found_nowhere_cannot_start_and_says_so(node: runtime.Runtime) -> None:
-    state = run(node, "missing", ["no-such-tool-here"])
+def test_a_command_found_nowhere_cannot_start_and_says_so(
+    node: runtime.Runtime, armed: bool
+) -> None:
+    state = run(node, "missing", ["no-such-tool-here"], armed=armed)
     assert (state.exit_code, state.reason) == (127, "StartError")
     assert state.message == "[Errno 2] No such file or directory: 'no-such-tool-here'"
 
 
 def test_the_job_runs_in_its_working_directory_and_relative_commands_resolve_there(
-    node: runtime.Runtime, tmp_path: Path
+    node: runtime.Runtime, tmp_path: Path, armed: bool
 ) -> None:
     work = tmp_path / "work"
     tool(work, "step.sh", "pwd")
-    state = run(node, "cwd", ["./step.sh"], cwd=str(work))
+    state = run(node, "cwd", ["./step.sh"], cwd=str(work), armed=armed)
     assert state.exit_code == 0
     assert output(node, "cwd") == f"{work}\n"
 
 
 def test_a_missing_working_directory_cannot_start_and_says_so(
-    node: runtime.Runtime, tmp_path: Path
+    node: runtime.Runtime, tmp_path: Path, armed: bool
 ) -> None:
     gone = tmp_path / "gone"
-    state = run(node, "nowhere", ["true"], cwd=str(gone))
+    state = run(node, "nowhere", ["true"], cwd=str(gone), armed=armed)
     assert (state.exit_code, state.reason) == (127, "StartError")
     assert state.message == f"[Errno 2] No such file or directory: '{gone}'"
+
+
+def test_a_job_with_a_nul_byte_cannot_start_and_says_so(node: runtime.Runtime, armed: bool) -> None:
+    state = run(node, "nul", ["echo", "a\0b"], armed=armed)
+    assert (state.exit_code, state.reason, state.message) == (
+        127,
+        "StartError",
+        "embedded null byte",
+    )
+
+
+def test_an_armed_job_finds_what_the_job_before_it_made(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    """Its directory and command are looked up as it starts, not when it was armed."""
+    work, tools = tmp_path / "made" / "work", tmp_path / "made" / "bin"
+    late = tools / "late"
+    make = f"mkdir -p {work} {tools}; printf '#!/bin/sh\\npwd\\n' > {late}; chmod +x {late}"
+    env = {"PATH": f"{tools}:/usr/bin:/bin"}
+    state = run(node, "late", ["late"], env=env, cwd=str(work), armed=True, before=make)
+    assert state.exit_code == 0
+    assert output(node, "late") == f"{work}\n"
