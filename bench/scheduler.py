@@ -108,9 +108,11 @@ def _gpus_taken(database: db.Database) -> float:
 
 
 def _fill(database: db.Database, now: datetime, first_due: datetime | None) -> tuple[int, float]:
-    """Passes until none is due at once; returns (passes, seconds), the first one included."""
+    """Passes until none is due at once (or after `scheduling.FOLLOW_UP`, as the controller
+    runs the one after a pass that started Jobs); returns (passes, seconds), the first one
+    included."""
     passes, seconds, due = 1, 0.0, first_due
-    while due is not None and due <= now:
+    while due is not None and due <= now + scheduling.FOLLOW_UP:
         if passes >= MAX_PASSES:
             raise BenchError(f"the queue did not settle in {MAX_PASSES} passes")
         elapsed, due = _timed_pass(database, now)

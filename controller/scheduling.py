@@ -43,6 +43,10 @@ Key = reading.Key
 
 
 BATCH = 64  # binds written together (a pass checks its time limit between batches)
+# A pass that binds Jobs to start now writes only those (`_starting`); the pass that binds
+# ahead and tells the waiting Jobs why follows this much later, not at once: meanwhile the
+# agent starts those Jobs, which would otherwise share the CPU with it.
+FOLLOW_UP = timedelta(milliseconds=50)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class _Budget:
     writes: int
     started: float
     short: bool = False  # work was left for the next pass
+    follow_up: bool = False  # what was left is binding ahead and telling (`FOLLOW_UP`)
 
     @classmethod
     def of(cls, limits: Limits) -> "_Budget":
@@ -135,6 +140,8 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
         _apply(writer, result.decisions, by_key, world, now, budget=budget)
         complete = result.complete
     _forget_queue(writer, held, budget)
+    if complete and budget.follow_up:
+        return now + FOLLOW_UP
     if not complete or budget.short:
         return now
     return _next_retry(held, now)
@@ -192,7 +199,7 @@ def _apply(
         if d.victims:
             _preempt(writer, d, by_key, world)
     if starting and _more_to_write(decisions, by_key, now):
-        budget.short = True
+        budget.short = budget.follow_up = True
         return
     # One statement for all that waiting Jobs are told, at the end of the block: the time
     # limit does not see these writes, `Limits.writes` bounds them.
