@@ -112,7 +112,7 @@ def _fill(database: db.Database, now: datetime, first_due: datetime | None) -> t
     runs the one after a pass that started Jobs); returns (passes, seconds), the first one
     included."""
     passes, seconds, due = 1, 0.0, first_due
-    while due is not None and due <= now + scheduling.FOLLOW_UP:
+    while due is not None and (due <= now or due == now + scheduling.FOLLOW_UP):
         if passes >= MAX_PASSES:
             raise BenchError(f"the queue did not settle in {MAX_PASSES} passes")
         elapsed, due = _timed_pass(database, now)

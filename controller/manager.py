@@ -87,6 +87,9 @@ class Controller:
         due = store.transact(self.db, work)
         if key == SCHEDULE and written and written[0] is not None:
             self._passes.add(written[0])
+        if key == SCHEDULE:  # a pass sees everything: when the one after it is due replaces
+            self._timers = [t for t in self._timers if t[1] != SCHEDULE]  # what earlier said
+            heapq.heapify(self._timers)
         if due is not None:
             heapq.heappush(self._timers, (due, key))
 

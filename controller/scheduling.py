@@ -16,7 +16,8 @@ A pass binds at most `Limits.binds` Jobs, writes at most `Limits.writes` waiting
 no write after `Limits.seconds` of writing (as Slurm's scheduler stops after so many starts or
 so much time per cycle); it then returns `now`, so the controller runs the next pass at once
 and no single transaction holds the database for long. A pass that binds a Job that starts now
-leaves binding ahead and telling waiting Jobs to that next pass too (`_starting`).
+leaves binding ahead and telling waiting Jobs to the next pass too (`_starting`), which it
+makes due `FOLLOW_UP` after its own start rather than at once.
 """
 
 import gc
@@ -44,8 +45,9 @@ Key = reading.Key
 
 BATCH = 64  # binds written together (a pass checks its time limit between batches)
 # A pass that binds Jobs to start now writes only those (`_starting`); the pass that binds
-# ahead and tells the waiting Jobs why follows this much later, not at once: meanwhile the
-# agent starts those Jobs, which would otherwise share the CPU with it.
+# ahead and tells the waiting Jobs why is due this long after its start, not at once:
+# meanwhile the agent starts those Jobs, which would otherwise share the CPU with it. An exit
+# or a new Job runs a pass sooner, as always.
 FOLLOW_UP = timedelta(milliseconds=50)
 
 
@@ -95,8 +97,9 @@ class _Budget:
 
 
 def schedule(writer: store.Store, now: datetime, limits: Limits = LIMITS) -> datetime | None:
-    """One pass; returns when the next one is due: `now` when work was left for it, else when
-    the next back-off ends, if any."""
+    """One pass; returns when the next one is due: `now` when work was left for it (`now +
+    FOLLOW_UP` when the pass started Jobs and left the rest), else when the next back-off
+    ends, if any."""
     with _collector_paused():
         return _pass(writer, now, limits)
 
@@ -217,8 +220,9 @@ def _ahead(d: placement.Decision) -> bool:
 def _starting(placed: list[placement.Decision]) -> bool:
     """Whether the pass binds a Job that starts now. Its Binding is then all the pass writes
     besides preemptions: what is bound ahead and what waiting Jobs are told wait for the next
-    pass, at once, so that the agent can start it a transaction earlier (the first pass over a
-    new queue of 200 Jobs took 100 ms, a third of it telling the other 190 why they wait)."""
+    pass (`FOLLOW_UP`), so that the agent can start it a transaction earlier (the first pass
+    over a new queue of 200 Jobs took 100 ms, a third of it telling the other 190 why they
+    wait)."""
     return any(d.placement is not None and not d.placement.after for d in placed)
 
 

@@ -3,7 +3,7 @@ no processes, so every case is exact."""
 
 from datetime import UTC, datetime, timedelta
 
-from controller import jobs, nodes, scheduling
+from controller import jobs, manager, nodes, scheduling
 from gctl.api import binding, job, node
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node
@@ -186,3 +186,18 @@ def test_a_new_job_the_controller_skips_is_one_reconcile_leaves_untouched(
         with database.read() as session:
             wrote = store.Store(session).current_revision() != before
         assert (name in skipped) == (not wrote and due is None), name
+
+
+def test_the_controller_keeps_one_due_time_for_its_next_pass(database: db.Database) -> None:
+    """The last pass saw everything: when the pass after it is due replaces what earlier
+    passes said, so a pass run sooner by a change leaves no stale timer for another."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        for name in ("a", "b", "c"):
+            writer.create(make_job(name).build())
+    controller = manager.Controller(database, clock=lambda: T0)
+    controller.reconcile(manager.SCHEDULE)  # binds a to start now, leaves b and c for later
+    assert controller._timers == [(T0 + scheduling.FOLLOW_UP, manager.SCHEDULE)]
+    controller.reconcile(manager.SCHEDULE)  # binds b ahead and tells c: nothing due after it
+    assert controller._timers == []

@@ -41,7 +41,7 @@ def _settle(database: db.Database, now: datetime = T0) -> None:
     after a pass that started Jobs comes `FOLLOW_UP` later)."""
     for _ in range(10):
         due = _schedule(database, now)
-        if due is None or due > now + scheduling.FOLLOW_UP:
+        if due not in (now, now + scheduling.FOLLOW_UP):
             return
     raise AssertionError("ten passes in a row left work for the next")
 
