@@ -358,6 +358,17 @@ def _silence(lease: Path) -> float:
         return float("inf")
 
 
+def _inherit_no_ignored_signals() -> None:
+    """Take back to their default the signals this process inherited ignored (`nohup gctl up`
+    ignores SIGHUP), so that the job does not inherit them: Popen's restore_signals resets only
+    those Python itself ignores (SIGPIPE, SIGXFSZ), which this process keeps ignoring."""
+    kept = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSTOP}
+    for number in signal.valid_signals() - kept:
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(number) == signal.SIG_IGN:
+                signal.signal(number, signal.SIG_DFL)
+
+
 def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
     """Run the attempt in `attempt_dir`; `lock_fd`: its locked `lock`, let go as soon as the
     exit is recorded (a job armed behind this one waits for it), not when this process ends."""
@@ -367,6 +378,7 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
         attempt_dir / LAUNCHED, {"supervisor": os.getpid(), "bootId": boot_id()}, durable=False
     )
     spec = json.loads((attempt_dir / SPEC).read_text(encoding="utf-8"))
+    _inherit_no_ignored_signals()
     stopper = _Stopper(
         attempt_dir, float(spec.get("gracePeriodSeconds", 30)), spec.get("stopWarning")
     )

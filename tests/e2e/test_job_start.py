@@ -5,13 +5,14 @@ reports. Each case runs twice: started at once, and armed behind a running attem
 supervisor waits, then starts the job at the hand-off)."""
 
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
 
 import pytest
 
-from nodeagent import runtime
+from nodeagent import runtime, supervisor
 from tests.e2e.conftest import launch_script, until
 
 
@@ -85,6 +86,13 @@ def tool(directory: Path, name: str, body: str, *, executable: bool = True) -> P
     return path
 
 
+def reaped(node: runtime.Runtime) -> bool:
+    """Whether every supervisor the runtime started itself (not through the fork server) has
+    ended and been reaped."""
+    node.settle()
+    return not node._direct
+
+
 @pytest.mark.parametrize("server", ["fork server", "fresh interpreter"])
 def test_the_job_holds_only_stdin_stdout_and_stderr(
     node: runtime.Runtime, armed: bool, server: str
@@ -98,17 +106,23 @@ def test_the_job_holds_only_stdin_stdout_and_stderr(
     state = run(node, "fds", [sys.executable, "-c", code], armed=armed)
     assert state.exit_code == 0
     assert output(node, "fds").strip() == "[0, 1, 2, 3]"  # 3: the listing's own
-
-    def reaped() -> bool:  # the supervisors the runtime started itself, as they end
-        node.settle()
-        return not node._direct
-
-    until(reaped, "the supervisors to be reaped")
+    until(lambda: reaped(node), "the supervisors to end")  # none left running after the test
 
 
-def test_no_signal_is_ignored_or_blocked_in_the_job(node: runtime.Runtime, armed: bool) -> None:
-    argv = ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"]
-    state = run(node, "signals", argv, armed=armed)
+@pytest.mark.parametrize("inherited", ["", "SIGHUP and SIGQUIT ignored (nohup)"])
+def test_no_signal_is_ignored_or_blocked_in_the_job(
+    node: runtime.Runtime, armed: bool, inherited: str
+) -> None:
+    """Whatever the agent inherited: the fork server and a supervisor in a fresh interpreter
+    inherit it from this process, started after the change."""
+    ignored = (signal.SIGHUP, signal.SIGQUIT) if inherited else ()
+    before = {number: signal.signal(number, signal.SIG_IGN) for number in ignored}
+    try:
+        argv = ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"]
+        state = run(node, "signals", argv, armed=armed)
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
     assert state.exit_code == 0
     masks = dict(line.split(":") for line in output(node, "signals").splitlines())
     assert {name: int(mask, 16) for name, mask in masks.items()} == {"SigBlk": 0, "SigIgn": 0}
@@ -184,3 +198,21 @@ def test_an_armed_job_finds_what_the_job_before_it_made(
     state = run(node, "late", ["late"], env=env, cwd=str(work), armed=True, before=make)
     assert state.exit_code == 0
     assert output(node, "late") == f"{work}\n"
+
+
+def test_a_supervisor_started_in_a_fresh_interpreter_is_reaped_once_it_ends(
+    node: runtime.Runtime,
+) -> None:
+    """It is the agent's child (the fork server's children are the kernel's to reap): not left
+    a zombie once it has ended."""
+    node._forker.fork = lambda *args, **kwargs: False  # type: ignore[method-assign]
+    run(node, "direct", ["true"], armed=False)
+    launched = supervisor.read_json(node.attempts_dir / "direct" / supervisor.LAUNCHED)
+    assert launched is not None
+    gone = Path(f"/proc/{launched['supervisor']}")
+
+    def reaped_at_last() -> bool:
+        node.settle()  # reaps what has ended
+        return not gone.exists()  # a zombie keeps its /proc entry
+
+    until(reaped_at_last, "the supervisor to be reaped")
