@@ -361,12 +361,49 @@ def _silence(lease: Path) -> float:
 def _inherit_no_ignored_signals() -> None:
     """Take back to their default the signals this process inherited ignored (`nohup gctl up`
     ignores SIGHUP), so that the job does not inherit them: Popen's restore_signals resets only
-    those Python itself ignores (SIGPIPE, SIGXFSZ), which this process keeps ignoring."""
+    those Python itself ignores (SIGPIPE, SIGXFSZ), which this process keeps ignoring.
+
+    glibc's two signals of its own, 32 and 33, count too: a process started by glibc's
+    posix_spawn has them ignored (GNU make starts its recipes so: `make demo` ran every job
+    with signal 32 ignored), and neither Python nor glibc's sigaction may change them."""
     kept = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSTOP}
-    for number in signal.valid_signals() - kept:
-        with contextlib.suppress(OSError, ValueError):
-            if signal.getsignal(number) == signal.SIG_IGN:
+    valid = signal.valid_signals()
+    for number in ignored_signals() - kept:
+        if number in valid:
+            with contextlib.suppress(OSError, ValueError):
                 signal.signal(number, signal.SIG_DFL)
+        else:
+            set_disposition(number, ignore=False)
+
+
+def ignored_signals() -> set[int]:
+    """The signals this process ignores, as the kernel sees them (SigIgn in /proc)."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status", encoding="ascii") as status:
+            line = next(line for line in status if line.startswith("SigIgn:"))
+        mask = int(line.split()[1], 16)
+        return {bit + 1 for bit in range(mask.bit_length()) if mask >> bit & 1}
+    return set()
+
+
+# rt_sigaction(2) by number, for the signals that glibc's sigaction refuses to touch.
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
+
+
+def set_disposition(number: int, *, ignore: bool) -> bool:
+    """Set signal `number` to SIG_IGN or SIG_DFL with the system call itself; whether it could
+    (not on a machine whose system call number is unknown here)."""
+    import ctypes  # only here: most supervisors never need it
+
+    call = _RT_SIGACTION.get(os.uname().machine)
+    if call is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    # struct sigaction as the kernel reads it: handler, flags, restorer, mask (all zero but
+    # the handler: 1 is SIG_IGN, 0 is SIG_DFL).
+    action = (ctypes.c_ulong * 4)(int(ignore), 0, 0, 0)
+    size = 8  # the kernel's sigset_t: 64 signals
+    return bool(libc.syscall(call, number, ctypes.byref(action), None, size) == 0)
 
 
 def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
