@@ -7,8 +7,10 @@ when its `submit_s`, divided by the time scale, has passed (as a Job whose
 `gctl/simulated-duration` is its `duration_s`), waits until all have finished, and reports in
 trace seconds: makespan, mean/p95 job completion time, mean/p95 queueing delay, GPU
 utilization, and the lower bound on makespan (bench.trace.lower_bound) with the ratio; beside
-them, the makespan of an ideal, zero-latency FIFO scheduler (bench.trace.fifo_makespan), which
-tells the policy's share of the gap from gctl's.
+them, the makespans of two ideal, zero-latency schedulers (bench.trace): first come, first
+served with backfill (`fifo_makespan`), and EASY backfilling that knows every run time
+(`easy_makespan`, gctl's reservation made clairvoyant). They tell the policy's share of the gap
+from gctl's.
 
 Times are measured, not simulated: a job's submission is its Job's creation time, its start and
 finish are its Binding's (the virtual agent writes the exact simulated finish), each converted
@@ -126,8 +128,11 @@ def replay(
             done = sum(1 for n in names if rig.watcher.phases.get(n) in job.FINISHED_PHASES)
             raise rig.fail(f"replay: {done} of {len(jobs)} jobs finished after {timeout:.0f} s")
         records = _records(rig.database, origin, scale)
-    reference = trace.fifo_makespan(jobs, nodes, gpus_per_node)
-    return dataclasses.replace(trace.metrics(records, total, bound), fifo_makespan=reference)
+    return dataclasses.replace(
+        trace.metrics(records, total, bound),
+        fifo_makespan=trace.fifo_makespan(jobs, nodes, gpus_per_node),
+        easy_makespan=trace.easy_makespan(jobs, nodes, gpus_per_node),
+    )
 
 
 def report(metrics: trace.Metrics) -> dict[str, float | int]:
@@ -143,6 +148,7 @@ def report(metrics: trace.Metrics) -> dict[str, float | int]:
         "queueing_delay_p95_s": round(metrics.queueing_p95, 1),
         "gpu_utilization": round(metrics.utilization, 4),
         "fifo_reference_makespan_s": round(metrics.fifo_makespan, 1),
+        "easy_reference_makespan_s": round(metrics.easy_makespan, 1),
     }
 
 
@@ -152,6 +158,7 @@ def print_table(metrics: trace.Metrics) -> None:
         ("makespan", metrics.makespan),
         ("lower bound on makespan", metrics.lower_bound),
         ("ideal FIFO's makespan", metrics.fifo_makespan),
+        ("ideal EASY's makespan", metrics.easy_makespan),
         ("mean JCT", metrics.jct_mean),
         ("p95 JCT", metrics.jct_p95),
         ("mean queueing delay", metrics.queueing_mean),
@@ -272,6 +279,14 @@ def bench_replay(ctx: Context) -> list[Result]:
             note=f"{metrics.ratio:.3f} x the lower bound {hours(metrics.lower_bound)} h",
         ),
         Result("replay-fifo-reference", hours(metrics.fifo_makespan), "h", None, kind="info"),
+        Result(
+            "replay-easy-reference",
+            hours(metrics.easy_makespan),
+            "h",
+            None,
+            kind="info",
+            note="EASY backfilling, every run time known",
+        ),
         Result("replay-jct-mean", hours(metrics.jct_mean), "h", None, kind="info"),
         Result("replay-jct-p95", hours(metrics.jct_p95), "h", None, kind="info"),
         Result("replay-queueing-mean", hours(metrics.queueing_mean), "h", None, kind="info"),

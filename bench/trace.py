@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus")
+EPSILON = 1e-9
 
 
 class TraceError(ValueError):
@@ -49,6 +50,7 @@ class Metrics:
     queueing_p95: float
     utilization: float  # GPU-seconds used / (GPUs x makespan), 0..1
     fifo_makespan: float = math.nan  # an ideal FIFO scheduler's, for reference
+    easy_makespan: float = math.nan  # EASY backfilling's with run times known, the same
 
     @property
     def ratio(self) -> float:
@@ -141,6 +143,21 @@ def fifo_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> f
     latency at all, each job on the fullest node it fits on, later jobs may start ahead of
     one that does not fit yet (backfill). GPUs are counted per node as a float, so fractions
     pack perfectly. The gap between this and the lower bound is the policy's, not gctl's."""
+    return _list_schedule(jobs, nodes, gpus_per_node, reserve=False)
+
+
+def easy_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> float:
+    """The makespan of EASY backfilling (Lifka, 1995; Slurm's backfill with exact time
+    limits) that knows every job's run time, for reference: as `fifo_makespan`, but the first
+    waiting job that does not fit reserves the node where it could start soonest, and a later
+    job may use that node only if it ends by then. gctl reserves the same way, but without run
+    times it cannot backfill a reserved node; so this is a clairvoyant version of its policy."""
+    return _list_schedule(jobs, nodes, gpus_per_node, reserve=True)
+
+
+def _list_schedule(
+    jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int, *, reserve: bool
+) -> float:
     if not jobs:
         return 0.0
     ordered = sorted(jobs, key=lambda j: j.submit)
@@ -161,16 +178,43 @@ def fifo_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> f
             waiting.append(ordered[index])
             index += 1
         left = []
+        held: tuple[float, int] | None = None  # the reservation: (its start, its node)
         for j in waiting:
-            fits = [n for n in range(nodes) if free[n] >= j.gpus - 1e-9]
+            fits = [
+                n
+                for n in range(nodes)
+                if free[n] >= j.gpus - EPSILON
+                and (held is None or n != held[1] or now + j.duration <= held[0])
+            ]
             if not fits:
                 left.append(j)
+                if reserve and held is None:
+                    held = _soonest_start(j.gpus, free, running, now)
                 continue
             where = min(fits, key=lambda n: free[n])
             free[where] -= j.gpus
             heapq.heappush(running, (now + j.duration, where, j.gpus))
         waiting = left
     return last - ordered[0].submit
+
+
+def _soonest_start(
+    gpus: float, free: list[float], running: list[tuple[float, int, float]], now: float
+) -> tuple[float, int]:
+    """When and where a job of `gpus` could start soonest as the running jobs end (then the
+    node with the most GPUs free now, then the first)."""
+    best: tuple[float, float, int] | None = None
+    for node, free_now in enumerate(free):
+        available, start = free_now, now
+        for finish, _, used in sorted(r for r in running if r[1] == node):
+            if available >= gpus - EPSILON:
+                break
+            available, start = available + used, finish
+        candidate = (start, -free_now, node)
+        if best is None or candidate < best:
+            best = candidate
+    assert best is not None  # fit() keeps every job within one node
+    return best[0], best[2]
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

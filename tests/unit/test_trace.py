@@ -99,3 +99,26 @@ def test_the_fifo_reference_backfills_and_packs_nodes(tmp_path: Path) -> None:
     # Two nodes of 4: c fits on the second one at once: the longest path, b, ends at 20 and
     # e (submitted at 12, 10 s) at 22.
     assert trace.fifo_makespan(jobs, nodes=2, gpus_per_node=4) == 22
+
+
+def test_the_easy_reference_holds_the_reserved_node_for_the_first_job_that_waits(
+    tmp_path: Path,
+) -> None:
+    jobs = trace.read_trace(write(tmp_path, TRACE))
+    # One node of 4 GPUs: c (4 GPUs, at 5) reserves the node for 20, when b ends. d (5 s, at
+    # 10) ends by then and backfills; e (10 s, at 12) would end at 22 and waits behind c,
+    # which runs 20-30: e runs 30-40. FIFO started c at 22, after e.
+    assert trace.easy_makespan(jobs, nodes=1, gpus_per_node=4) == 40
+    # Two nodes: c starts at once on the second, and nothing is reserved.
+    assert trace.easy_makespan(jobs, nodes=2, gpus_per_node=4) == 22
+
+
+def test_the_easy_reservation_is_where_the_job_could_start_soonest() -> None:
+    # Node 0: 1 GPU free, a job of 2 GPUs ends at 50 and one of 1 GPU at 30. Node 1: 2 free,
+    # a job of 2 GPUs ends at 20. Running: (finish, node, gpus).
+    running = [(50.0, 0, 2.0), (30.0, 0, 1.0), (20.0, 1, 2.0)]
+    free = [1.0, 2.0]
+    assert trace._soonest_start(4, free, running, now=5) == (20, 1)
+    assert trace._soonest_start(2, free, running, now=5) == (5, 1)  # fits node 1 now
+    assert trace._soonest_start(1, free, running, now=5) == (5, 1)  # both now: most free
+    assert trace._soonest_start(2, [1.0, 0.0], running, now=5) == (20, 1)  # 30 on node 0
