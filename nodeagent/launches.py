@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gctl.api import binding, errors, job
+from gctl.api import binding, errors, job, names
 from nodeagent import runtime
 
 
@@ -48,6 +48,11 @@ def launch_for(
     wait_for: tuple[Path, ...] = (),
 ) -> runtime.Launch:
     """What to run for an attempt of `owner`; errors.Invalid if it cannot start here."""
+    for field, value in (("metadata.namespace", owner.namespace), ("metadata.name", owner.name)):
+        try:  # they name the log's directories: never a path outside the logs
+            names.check_dns_label(value)
+        except ValueError as exc:
+            raise errors.Invalid(f"{field}: {exc}") from None
     gpu_list = ",".join(str(g) for g in bound.spec.gpus)
     argv = command_argv(owner.spec, gpu_list)
     env = (

@@ -190,12 +190,13 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {_first_error(exc, prefix)}") from None
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
+    field = "metadata.name"
     try:
         name_check(obj.metadata.name)
         if obj.metadata.namespace is not None:
+            field = "metadata.namespace"
             names.check_dns_label(obj.metadata.namespace)
     except ValueError as exc:
-        field = "metadata.name" if "namespace" not in str(exc) else "metadata.namespace"
         raise errors.Invalid(f"{where}: {prefix}{field}: {exc}") from None
     if not cls.NAMESPACED:
         obj.metadata.namespace = None
@@ -266,10 +267,18 @@ def _message(raw: str) -> str:
 def load(
     paths: list[str], recursive: bool, namespace: str, stdin_text: str | None = None
 ) -> list[Manifest]:
-    """Read, validate and namespace every object the paths name; refuse duplicates."""
+    """Read, validate and namespace every object the paths name; refuse duplicates, and
+    sources with no object at all (as kubectl refuses "no objects passed to apply")."""
+    try:
+        names.check_dns_label(namespace)
+    except ValueError as exc:
+        raise errors.Invalid(f"namespace: {exc}") from None
     manifests: list[Manifest] = []
     for file, text in read_sources(paths, recursive, stdin_text):
         manifests.extend(parse(file, text))
+    if not manifests:
+        given = ", ".join("<stdin>" if p == STDIN else p for p in paths)
+        raise errors.Invalid(f"{given}: no objects in it (empty, or only comments)")
     seen: dict[tuple[str, str, str], Source] = {}
     for manifest in manifests:
         obj = manifest.obj

@@ -25,8 +25,26 @@ FilesOpt = Annotated[
 RecursiveOpt = Annotated[
     bool, typer.Option("-R", "--recursive", help="Read directories and their subdirectories.")
 ]
+
+
+def _checked_namespace(value: str | None) -> str | None:
+    """A namespace names directories on every node (its Jobs' logs), so it is checked where it
+    is given, for every command, as Kubernetes checks one: a DNS-1123 label."""
+    if value is None:
+        return None
+    from gctl.api import names  # plain regular expressions: nothing heavy
+
+    try:
+        return names.check_dns_label(value)
+    except ValueError as exc:
+        fail(f"-n/--namespace: {exc}")
+
+
 NamespaceOpt = Annotated[
-    str | None, typer.Option("-n", "--namespace", help="Namespace (default: default).")
+    str | None,
+    typer.Option(
+        "-n", "--namespace", help="Namespace (default: default).", callback=_checked_namespace
+    ),
 ]
 AllNamespacesOpt = Annotated[
     bool, typer.Option("-A", "--all-namespaces", help="Across all namespaces.")

@@ -593,6 +593,12 @@ def bad_list_item() -> str:
             id="directory-with-one-broken-file",
         ),
         pytest.param(
+            {"ns.yaml": make_job("nsbad").in_namespace("Bad NS").yaml()},
+            ["ns.yaml"],
+            ["ns.yaml", "nsbad", "metadata.namespace: 'Bad NS'"],
+            id="bad-namespace",
+        ),
+        pytest.param(
             {"one.yaml": job_yaml("twin"), "two.yaml": job_yaml("twin", priority=2)},
             ["one.yaml", "two.yaml"],
             ["two.yaml", "document 1", "metadata.name", "one.yaml"],
@@ -635,6 +641,19 @@ def test_bad_manifest_writes_nothing(
             ["apply", "-n", "other", "-f", "elsewhere.yaml"], "metadata.namespace", id="ns-clash"
         ),
         pytest.param(["delete", "jobs"], "--all", id="delete-kind-without-names"),
+        # A namespace names the directories of its Jobs' logs on every node.
+        pytest.param(
+            ["apply", "-n", "../../escape", "-f", "good.yaml"],
+            "-n/--namespace: '../../escape' is not a valid name",
+            id="apply-namespace-path",
+        ),
+        pytest.param(["get", "jobs", "-n", "Bad_NS"], "-n/--namespace", id="get-namespace"),
+        pytest.param(["apply", "-f", "empty.yaml"], "empty.yaml: no objects", id="empty-file"),
+        pytest.param(
+            ["apply", "-f", "comments.yaml", "-o", "name"],
+            "comments.yaml: no objects",
+            id="only-comments",
+        ),
     ],
 )
 def test_bad_arguments_fail_in_one_line(
@@ -643,6 +662,8 @@ def test_bad_arguments_fail_in_one_line(
     seed(database, make_job("hello"))
     write(tmp_path / "good.yaml", GOOD)
     write(tmp_path / "elsewhere.yaml", make_job("away").in_namespace("default").yaml())
+    write(tmp_path / "empty.yaml", "")
+    write(tmp_path / "comments.yaml", "# nothing yet\n---\n")
     before = revision(database)
 
     result = gctl(*argv)

@@ -9,7 +9,7 @@ import pytest
 from controller import jobs
 from gctl.api import errors
 from nodeagent import launches, runtime, supervisor
-from tests.builders import make_job
+from tests.builders import make_binding, make_job
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,24 @@ def test_an_attempt_that_ends_while_its_state_is_read_is_not_lost(
     monkeypatch.setattr(runtime, "_supervisor_alive", ends_now)
     state = attempts.state("uid-1")
     assert (state.phase, state.exit_code) == ("exited", 0)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "field"),
+    [("../../escape", "esc", "metadata.namespace"), ("default", "../up", "metadata.name")],
+)
+def test_a_job_whose_names_are_not_dns_labels_never_gets_a_log_path(
+    tmp_path: Path, namespace: str, name: str, field: str
+) -> None:
+    """The names are the log's directories: a Job written to the database by anything that
+    skipped validation cannot make the agent write outside its logs."""
+    owner = make_job(name).build()
+    owner.metadata.namespace = namespace
+    bound = make_binding(name, "node-1", [0])
+    node = runtime.Runtime(tmp_path / "state")
+    settings = launches.Settings("node-1", 30.0, None, 0.0)
+    try:
+        with pytest.raises(errors.Invalid, match=field):
+            launches.launch_for(node, settings, bound, owner)
+    finally:
+        node.close()
