@@ -103,15 +103,26 @@ def diff(
     raise SystemExit(1 if text else 0)
 
 
-def _resource_and_names(resource: str, names: list[str]) -> tuple[kinds.KindInfo, list[str]]:
-    """`jobs a b`, `job/a`: the kind and the names."""
-    word, slash, name = resource.partition("/")
-    info = kinds.by_word(word)
-    if slash:
+def _resource_and_names(resource: str, names: list[str]) -> list[tuple[kinds.KindInfo, list[str]]]:
+    """`jobs a b`, or `job/a job/b sweep/c` as kubectl takes them: the names of each kind, the
+    kinds in the order first named."""
+    if "/" not in resource:
+        slashed = next((n for n in names if "/" in n), None)
+        if slashed is not None:
+            raise errors.Invalid(
+                f"{slashed}: name objects as KIND NAME... or as KIND/NAME..., not both"
+            )
+        return [(kinds.by_word(resource), names)]
+    groups: dict[str, tuple[kinds.KindInfo, list[str]]] = {}
+    for given in [resource, *names]:
+        word, slash, name = given.partition("/")
+        if not slash:
+            raise errors.Invalid(f"{given}: after {resource}, name every object as KIND/NAME")
         if not name:
-            raise errors.Invalid(f"{resource}: name the object after the slash")
-        names = [name, *names]
-    return info, names
+            raise errors.Invalid(f"{given}: name the object after the slash")
+        info = kinds.by_word(word)
+        groups.setdefault(info.kind, (info, []))[1].append(name)
+    return list(groups.values())
 
 
 def _where(info: kinds.KindInfo, namespace: str | None, all_namespaces: bool) -> str | None:
@@ -212,8 +223,48 @@ def get(
     show_labels: bool,
     db_url: str | None,
 ) -> None:
+    """`gctl get`: each kind named in turn, a blank line between their tables (as kubectl);
+    a name not found fails the command once every kind is printed."""
     _check_output(output)
-    info, names = _resource_and_names(resource, names)
+    groups = _resource_and_names(resource, names)
+    if len(groups) > 1 and (watch or watch_only):
+        raise errors.Invalid("watch one kind at a time")
+    failed = 0
+    for number, (info, group) in enumerate(groups):
+        if number and output in ("", "wide"):
+            sys.stdout.write("\n")
+        try:
+            _get_kind(
+                info,
+                group,
+                output=output,
+                selector_text=selector_text,
+                namespace=namespace,
+                all_namespaces=all_namespaces,
+                watch=watch,
+                watch_only=watch_only,
+                show_labels=show_labels,
+                db_url=db_url,
+            )
+        except SystemExit as exc:  # some names not found: said, go on with the next kind
+            failed = exc.code if isinstance(exc.code, int) else 1
+    if failed:
+        raise SystemExit(failed)
+
+
+def _get_kind(
+    info: kinds.KindInfo,
+    names: list[str],
+    *,
+    output: str,
+    selector_text: str | None,
+    namespace: str | None,
+    all_namespaces: bool,
+    watch: bool,
+    watch_only: bool,
+    show_labels: bool,
+    db_url: str | None,
+) -> None:
     label_selector = selector.parse(selector_text) if selector_text else None
     where = _where(info, namespace, all_namespaces)
     if output == "" and not names and not (watch or watch_only) and info is kinds.JOB:
@@ -317,10 +368,18 @@ def _watch(
 
 
 def describe(*, resource: str, names: list[str], namespace: str | None, db_url: str | None) -> None:
+    for number, (info, group) in enumerate(_resource_and_names(resource, names)):
+        if number:
+            sys.stdout.write("\n\n")
+        _describe_kind(info, group, namespace, db_url)
+
+
+def _describe_kind(
+    info: kinds.KindInfo, names: list[str], namespace: str | None, db_url: str | None
+) -> None:
     from gctl.cli import describe as describing
     from gctl.store import db, store
 
-    info, names = _resource_and_names(resource, names)
     cls = kinds.model(info.kind)
     where = _where(info, namespace, False)
     database = db.Database.open(db_url)
@@ -420,13 +479,16 @@ def _delete_targets(
         raise errors.Invalid(
             "say what to delete: KIND NAME..., KIND/NAME, -f FILE, KIND -l SELECTOR or KIND --all"
         )
-    info, names = _resource_and_names(resource, names)
-    where = _where(info, namespace, False)
-    if names:
-        return [(info, name, where) for name in names]
+    groups = _resource_and_names(resource, names)
+    named: list[Target] = [
+        (info, name, _where(info, namespace, False)) for info, group in groups for name in group
+    ]
+    if named:
+        return named
+    info = groups[0][0]
     if not (all_ or selector_text):
         raise errors.Invalid(f"name the {info.plural} to delete, or use -l SELECTOR or --all")
-    return [(info, None, where)]
+    return [(info, None, _where(info, namespace, False))]
 
 
 def _expand(

@@ -267,6 +267,31 @@ def test_get_jobs_table(
         assert max(len(line) for line in out.splitlines()) <= 100
 
 
+def test_get_of_several_kinds_prints_a_table_for_each(gctl: Gctl, database: db.Database) -> None:
+    seed(database, EXAMPLES)
+
+    out = gctl.ok("get", "job/hello", "gpupool/default", "job/eval-a")
+
+    jobs, pools = out.split("\n\n")
+    assert [row[0] for row in table(jobs)[1]] == ["eval-a", "hello"]
+    assert [row[0] for row in table(pools)[1]] == ["default"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["jobs", "hello", "job/eval-a"], ["job/hello", "eval-a"]],
+    ids=["name-then-slash", "slash-then-name"],
+)
+def test_names_as_kind_slash_name_or_not_but_not_both(
+    gctl: Gctl, database: db.Database, argv: list[str]
+) -> None:
+    seed(database, EXAMPLES)
+    result = gctl("get", *argv)
+    assert result.code != 0
+    assert result.out == ""
+    assert "KIND/NAME" in error_line(result)
+
+
 def test_get_jobs_names(gctl: Gctl, database: db.Database) -> None:
     seed(database, EXAMPLES)
     assert gctl.ok("get", "jobs", "-o", "name").splitlines() == [
@@ -777,6 +802,11 @@ def test_force_replaces_started_job(gctl: Gctl, database: db.Database) -> None:
             id="selector",
         ),
         pytest.param(["jobs", "--all"], [f"job/{name}" for name in EXAMPLE_JOBS], id="all"),
+        pytest.param(
+            ["job/eval-a", "gpupool/default", "job/hello"],
+            ["job/eval-a", "gpupool/default", "job/hello"],
+            id="kind-slash-names",
+        ),
     ],
 )
 def test_delete(gctl: Gctl, database: db.Database, argv: list[str], deleted: list[str]) -> None:
