@@ -42,16 +42,18 @@ def apply(
     applyset: str | None = None,
     prune: bool = False,
     on_spec_change: str | None = None,
+    timeout: str | None = None,
 ) -> None:
     from gctl.api import manifest
     from gctl.cli import apply as applying
 
     _check_output(output)
     options = applying.set_options(applyset, prune, on_spec_change, files)
+    wait_gone = applying.DeletionWait(timeout)  # what --force replaces, once started
     manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
     _check_namespace(manifests, namespace)
     url = locations.resolve_url(db_url)
-    results = applying.apply_at(url, manifests, force, dry_run, options)
+    results = applying.apply_at(url, manifests, force, dry_run, options, wait_gone=wait_gone)
     suffix = " (dry run)" if dry_run else ""
     if output in ("yaml", "json"):
         printers.print_objects(

@@ -104,9 +104,19 @@ def apply(
     applyset: ApplySetOpt = None,
     prune: PruneOpt = False,
     on_spec_change: OnSpecChangeOpt = None,
+    timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--timeout",
+            help="With --force: how long to wait for a started Job to be deleted (its attempts "
+            "stopped) before giving up: 30s, 10m, 1h, or seconds (default: 60s plus the Job's "
+            "terminationGracePeriodSeconds).",
+        ),
+    ] = None,
     db: DbOpt = None,
 ) -> None:
-    """Create or update objects from manifests, all in one transaction."""
+    """Create or update objects from manifests, all in one transaction (with --force, a
+    started Job is deleted first and recreated once it is gone)."""
     from gctl.cli import commands
 
     commands.apply(
@@ -120,6 +130,7 @@ def apply(
         applyset=applyset,
         prune=prune,
         on_spec_change=on_spec_change,
+        timeout=timeout,
     )
 
 

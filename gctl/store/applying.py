@@ -3,8 +3,11 @@
 Compute, then apply: read the objects the manifests name (and, for an ApplySet, its members),
 decide each one's action with a pure function (`plan`, `prune`), then write every action in one
 transaction. A stale read makes the transaction fail and the whole apply run again from a
-fresh read. `gctl apply` and `gctl diff` (gctl.cli.apply) and the GitOps sync (controller.sync)
-share it; the set's members and the ApplySet object itself are gctl.store.applysets'.
+fresh read. One thing cannot be done in one transaction: replacing (`--force`) a started Job,
+whose finalizer holds its deletion until the controller has stopped its attempts; `apply`
+marks it deleted in a transaction of its own, waits, and then applies everything in one.
+`gctl apply` and `gctl diff` (gctl.cli.apply) and the GitOps sync (controller.sync) share it;
+the set's members and the ApplySet object itself are gctl.store.applysets'.
 
 The reading and writing go through the Store (SQLAlchemy), or, for the common case of a CLI
 apply that only creates objects in a SQLite file, through the driver alone (gctl.store.driver),
@@ -12,7 +15,8 @@ which starts in a fraction of the time. `apply_at` chooses, in one place; the de
 `decide` on both paths. This module imports SQLAlchemy only where the Store's path runs.
 """
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -44,6 +48,21 @@ class Action:
     desired: meta.Resource  # what the object will be (server fields from `current` if any)
     current: meta.Resource | None
     rerun: str | None = None  # why a started Job runs again with its new spec
+
+
+@dataclass(frozen=True)
+class Deleting:
+    """A forced apply's first step: the objects it replaces that finalizers hold (a started Job
+    until the controller has stopped its attempts), marked for deletion by a transaction that
+    wrote nothing else. The apply is done again, from a fresh read, once they are gone."""
+
+    objects: tuple[meta.Resource, ...]
+    since: int  # a revision read before they were marked: their removal comes after it
+
+
+# How the caller of `apply` waits for what a forced apply deletes first: it returns once they
+# are gone (the change feed says so after `since`), or raises to give up.
+WaitGone = Callable[["db.Database", Deleting], None]
 
 
 class Reader(Protocol):
@@ -376,15 +395,15 @@ def _created_or_kept(writer: Creator, actions: Sequence[Action]) -> list[meta.Re
 
 
 def _replace(writer: "store.Store", action: Action) -> meta.Resource:
-    assert action.current is not None
-    _, gone = writer.delete(
-        type(action.current), action.current.name, action.current.metadata.namespace
-    )
-    if not gone:
-        raise errors.Conflict(
-            f'{action.current.KIND} "{action.current.name}" is still being deleted; '
-            "apply again once it is gone"
+    """The object anew: the old one deleted first, in this transaction if nothing holds it;
+    None as `current` when it was deleted before (`apply_in`'s first step)."""
+    current = action.current
+    if current is not None:
+        _, gone = writer.delete(
+            type(current), current.name, current.metadata.namespace, uid=current.metadata.uid
         )
+        if not gone:  # `apply_in` deletes those first, in a transaction of their own
+            raise ValueError(f"{ref_of(current)}: its finalizers hold it: delete it first")
     desired = action.desired
     fresh = desired.model_copy(
         update={  # a new object: new uid, fresh status
@@ -406,16 +425,45 @@ def apply_in(
     force: bool,
     options: SetOptions | None,
     now: datetime | None = None,
-) -> list[tuple[Action, meta.Resource]]:
-    """Decide and write, inside the caller's transaction; with a set, record it too."""
-    if options is None:
-        actions = decide(writer, manifests, force, None, now)
-        return list(zip(actions, execute(writer, actions), strict=True))
-    held = applysets.members(writer, options.name)
+    *,
+    replacing: Collection[Key] = (),
+) -> list[tuple[Action, meta.Resource]] | Deleting:
+    """Decide and write, inside the caller's transaction; with a set, record it too.
+
+    An object to replace that finalizers hold cannot be deleted and created anew in one
+    transaction: its deletion finishes only when the controller has taken the finalizer off.
+    Then this marks those objects for deletion, writes nothing else, and returns them; the
+    caller commits, waits until they are gone, and calls again with their keys as
+    `replacing`, so that their creation reads `replaced`."""
+    since = writer.current_revision() if force else 0  # before anything that this reads
+    held = applysets.members(writer, options.name) if options is not None else []
     actions = decide(writer, manifests, force, options, now, held=held)
+    finalized = [
+        a.current
+        for a in actions
+        if a.verb == "replaced" and a.current is not None and a.current.metadata.finalizers
+    ]
+    if finalized:
+        return _delete_first(writer, finalized, since)
+    actions = [
+        Action("replaced", a.source, a.desired, None)
+        if a.verb == "created" and key_of(a.desired) in replacing
+        else a
+        for a in actions
+    ]
     results = list(zip(actions, execute(writer, actions), strict=True))
-    applysets.record_set(writer, options, results, now or writer.clock(), held=held)
+    if options is not None:
+        applysets.record_set(writer, options, results, now or writer.clock(), held=held)
     return results
+
+
+def _delete_first(writer: "store.Store", objs: Sequence[meta.Resource], since: int) -> Deleting:
+    """Mark for deletion, as `gctl delete` does, exactly the objects that were read."""
+    for obj in objs:
+        # Gone since it was read (PostgreSQL reads each statement afresh): as wanted.
+        with contextlib.suppress(errors.NotFound):
+            writer.delete(type(obj), obj.name, obj.metadata.namespace, uid=obj.metadata.uid)
+    return Deleting(tuple(objs), since)
 
 
 def apply(
@@ -424,20 +472,39 @@ def apply(
     force: bool,
     dry_run: bool,
     options: SetOptions | None = None,
+    *,
+    wait_gone: WaitGone | None = None,
 ) -> list[tuple[Action, meta.Resource]]:
     """Apply in one transaction, retried from a fresh read on a stale one; or, in a dry run,
-    only decide."""
+    only decide.
+
+    A forced apply that replaces objects held by finalizers takes more: one transaction marks
+    them for deletion (`apply_in`), `wait_gone` waits outside any transaction until they are
+    gone, and then the whole apply runs again in one transaction, from a fresh read. Without
+    `wait_gone`, such an apply stops after the first step with an error."""
     from gctl.store import store
 
     if dry_run:
         with database.read() as session:
             actions = decide(store.Store(session), manifests, force, options)
         return [(a, a.desired) for a in actions]
-    return store.transact(
-        database,
-        lambda writer: apply_in(writer, manifests, force, options),
-        retry_on=(errors.Conflict, errors.AlreadyExists),
-    )
+    replacing: set[Key] = set()
+    while True:
+        done = store.transact(
+            database,
+            lambda writer: apply_in(writer, manifests, force, options, replacing=replacing),
+            retry_on=(errors.Conflict, errors.AlreadyExists),
+        )
+        if not isinstance(done, Deleting):
+            return done
+        replacing.update(key_of(obj) for obj in done.objects)
+        if wait_gone is None:
+            refs = ", ".join(ref_of(obj) for obj in done.objects)
+            raise errors.Conflict(
+                f"{refs}: marked for deletion, not yet gone (its finalizers hold it); "
+                "apply again once it is gone"
+            )
+        wait_gone(database, done)
 
 
 # -- choosing the path -------------------------------------------------------------------------
@@ -453,11 +520,14 @@ def apply_at(
     force: bool,
     dry_run: bool,
     options: SetOptions | None = None,
+    *,
+    wait_gone: WaitGone | None = None,
 ) -> list[tuple[Action, meta.Resource]]:
     """`apply` to the database at `url`, and the one place that chooses how: through the
     driver alone when it can do all of it (`apply_through_driver`), else through the Store,
     which creates or upgrades the schema, decides again from its own read, retries a stale
-    one, writes every kind of change, applies sets, and says why a change is refused."""
+    one, writes every kind of change (replacing objects that finalizers hold with
+    `wait_gone`'s help), applies sets, and says why a change is refused."""
     if options is None:
         done = apply_through_driver(url, manifests, force, dry_run)
         if done is not None:
@@ -466,7 +536,7 @@ def apply_at(
 
     database = db.Database.open(url)
     try:
-        return apply(database, manifests, force, dry_run, options)
+        return apply(database, manifests, force, dry_run, options, wait_gone=wait_gone)
     finally:
         database.close()
 

@@ -142,12 +142,41 @@ def revision(database: db.Database) -> int:
 
 
 def mark_running(database: db.Database, name: str) -> None:
-    """Play the controller: the Job has started."""
+    """Play the controller: the Job has started, and, as its scheduler leaves every Job it
+    binds, it carries the finalizer that holds its deletion until its attempts are stopped."""
     with database.write() as session:
         writer = store.Store(session)
         started = writer.get(job.Job, name)
+        started.metadata.finalizers = [job.FINALIZER]
+        started = writer.update(started)
         started.status.phase = "Running"
         writer.update_status(started)
+
+
+@contextmanager
+def finishing_deletion(database: db.Database, name: str) -> Iterator[None]:
+    """Play the controller's part in deleting a started Job, in the background while inside:
+    once the Job is marked for deletion, take its finalizer off (its attempts stopped), and
+    so let it go."""
+    done = threading.Event()
+
+    def finish() -> None:
+        while not done.wait(0.05):
+            with database.read() as session:
+                found = store.Store(session).find(job.Job, name)
+            if found is not None and found.metadata.deletion_timestamp is not None:
+                found.metadata.finalizers = []
+                with database.write() as session:
+                    store.Store(session).update(found)  # its last finalizer: removed
+                return
+
+    player = threading.Thread(target=finish, daemon=True)
+    player.start()
+    try:
+        yield
+    finally:
+        done.set()
+        player.join(timeout=10)
 
 
 class Lines:
@@ -767,18 +796,59 @@ def test_started_job_accepts_other_changes(
 
 
 def test_force_replaces_started_job(gctl: Gctl, database: db.Database) -> None:
+    """The started Job's finalizer holds its deletion until the controller has stopped its
+    attempts: apply --force deletes it, waits until it is gone, then creates it anew."""
     seed(database, make_job("x"))
     mark_running(database, "x")
     before = stored(database)["x"]
 
-    out = gctl.ok("apply", "--force", "-f", "-", stdin=make_job("x").command("false").yaml())
+    with finishing_deletion(database, "x"):
+        out = gctl.ok("apply", "--force", "-f", "-", stdin=make_job("x").command("false").yaml())
 
     assert out == "job.gctl/x replaced\n"
     after = stored(database)["x"]
     assert after["metadata"]["uid"] != before["metadata"]["uid"]
     assert after["metadata"]["generation"] == 1
+    assert "finalizers" not in after["metadata"]
+    assert "deletionTimestamp" not in after["metadata"]
     assert after["spec"]["command"] == ["false"]
     assert after["status"]["phase"] == "Pending"
+
+
+def test_force_replace_without_a_controller_times_out_then_finishes_when_applied_again(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """Nobody takes the finalizer off: apply --force gives up at its --timeout with one line
+    naming the Job, having only marked it for deletion (nothing else of the apply written);
+    applied again once a controller finishes the deletion, it recreates it."""
+    seed(database, make_job("x"))
+    mark_running(database, "x")
+    before = stored(database)["x"]
+    documents = make_job("x").command("false").yaml() + "---\n" + make_job("y").yaml()
+
+    result = gctl("apply", "--force", "--timeout", "0.5s", "-f", "-", stdin=documents)
+
+    line = error_line(result)  # nothing more: a wait this short says no progress
+    assert result.code == 1
+    assert "job.gctl/x" in line
+    assert "is the controller running?" in line
+    assert "apply --force again" in line
+    assert result.out == ""
+    marked = stored(database)
+    assert set(marked) == {"x"}  # y not created
+    assert marked["x"]["metadata"]["uid"] == before["metadata"]["uid"]
+    assert marked["x"]["metadata"]["deletionTimestamp"]
+    assert marked["x"]["spec"]["command"] == before["spec"]["command"]
+
+    with finishing_deletion(database, "x"):
+        out = gctl.ok("apply", "--force", "-f", "-", stdin=documents)
+
+    assert out == "job.gctl/x replaced\njob.gctl/y created\n"
+    after = stored(database)
+    assert after["x"]["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["x"]["spec"]["command"] == ["false"]
+    again = gctl.ok("apply", "--force", "-f", "-", stdin=documents)
+    assert again == "job.gctl/x unchanged\njob.gctl/y unchanged\n"
 
 
 # -- delete ----------------------------------------------------------------------------------

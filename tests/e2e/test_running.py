@@ -1,4 +1,5 @@
-"""End-to-end tests of the commands that follow Jobs as they run: logs, run, wait, get gpus.
+"""End-to-end tests of the commands that follow Jobs as they run: logs, run, wait, get gpus,
+and apply --force, which waits for a running Job to be gone before it creates it anew.
 
 Each test that runs jobs starts the real daemons (`gctl up` with fake GPUs) and drives the real
 console script; the job processes are real. Waits use `gctl wait` itself, or read the store at
@@ -297,6 +298,47 @@ def test_wait_refuses_what_it_cannot_wait_for(gctl: Gctl) -> None:
     assert error_line(gctl("wait", "job/nope", "--for=condition=Complete")) == (
         'error: job "nope" not found in namespace "default"'
     )
+
+
+# -- apply --force ---------------------------------------------------------------------------
+
+
+def test_apply_force_replaces_a_running_job(
+    gctl: Gctl, cluster: list[str], database: db.Database, tmp_path: Path
+) -> None:
+    """A changed command cannot go to a running Job: apply --force deletes it (its process
+    stopped as `gctl delete` stops it), returns once it is gone, and creates it anew; the new
+    spec runs."""
+    marker = tmp_path / "new-spec-ran"
+    apply_job(gctl, "chg", command=["sleep", "300"])
+    old = poll(lambda: running_attempt(database, "chg"), "the old spec to run")
+    first, pid = find_job(database, "chg"), old.status.pid
+    assert first is not None
+    assert pid is not None
+    assert alive(pid)
+    changed = {
+        "apiVersion": "gctl/v1",
+        "kind": "Job",
+        "metadata": {"name": "chg"},
+        "spec": {"command": ["sh", "-c", f"echo $GCTL_JOB_NAME > {marker}"]},
+    }
+    try:
+        refused = gctl("apply", "-f", "-", stdin=yaml.safe_dump(changed))
+        assert "apply with --force" in error_line(refused)
+
+        result = gctl("apply", "--force", "-f", "-", stdin=yaml.safe_dump(changed))
+
+        assert (result.code, result.out) == (0, "job.gctl/chg replaced\n"), result.err
+        assert all(line.startswith("waiting for job.gctl/chg") for line in result.err.splitlines())
+        assert not alive(pid)  # stopped before apply returned
+        replaced = find_job(database, "chg")
+        assert replaced is not None
+        assert replaced.metadata.uid != first.metadata.uid
+        gctl.ok("wait", "job/chg", "--for=condition=Complete", "--timeout=20s")
+        assert marker.read_text() == "chg\n"
+    finally:  # whatever went wrong, the old process does not outlive the test
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 # -- get gpus --------------------------------------------------------------------------------
