@@ -840,8 +840,17 @@ def test_force_replace_without_a_controller_times_out_then_finishes_when_applied
     assert marked["x"]["metadata"]["deletionTimestamp"]
     assert marked["x"]["spec"]["command"] == before["spec"]["command"]
 
-    with finishing_deletion(database, "x"):
-        out = gctl.ok("apply", "--force", "-f", "-", stdin=documents)
+    # Applied again while x is still marked: it waits for x to go (a controller taking the
+    # finalizer off only once the apply says it waits, or x could be gone before it reads).
+    write(gctl.cwd / "force.yaml", documents)
+    with gctl.popen("apply", "--force", "-f", "force.yaml") as process:
+        progress = Lines(process.stderr)
+        progress.wait_for(lambda line: "waiting for job.gctl/x to be deleted" in line)
+        with finishing_deletion(database, "x"):
+            assert process.wait(timeout=60) == 0
+        assert process.stdout is not None
+        out = process.stdout.read()
+        progress._thread.join(timeout=10)  # it has read stderr to its end before it closes
 
     assert out == "job.gctl/x replaced\njob.gctl/y created\n"
     after = stored(database)
