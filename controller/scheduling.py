@@ -394,6 +394,9 @@ def _bound(
     status.node = decision.node
     status.gpus = list(decision.gpus)
     status.retry_after = None
+    # The exit code is the last ended attempt's: kept while the Job waits in the queue (it
+    # says how the attempt before ended), gone once a new attempt is bound, until it ends.
+    status.exit_code = None
     # activeDeadlineSeconds counts from the first start (time in the queue does not count) and
     # is never reset by a retry; a Job bound ahead starts when its agent starts it.
     if not after:

@@ -328,6 +328,11 @@ def test_suspend_stops_and_requeues(
     paused = wait_for(phase_is(gctl, "pausable", "Pending"), "the suspended job to requeue")
     assert paused["status"]["failed"] == 0
     assert os.path.exists(tmp_path / "runs")
+    assert paused["status"]["exitCode"] == 143  # the stopped attempt's (SIGTERM)
     apply_job(gctl, "pausable", f"echo run >> {tmp_path}/runs; sleep 300", suspend=False)
-    wait_for(phase_is(gctl, "pausable", "Running"), "the resumed job to run again")
+    resumed = wait_for(phase_is(gctl, "pausable", "Running"), "the resumed job to run again")
     assert (tmp_path / "runs").read_text().split() == ["run", "run"]
+    # The running attempt has no exit code yet: the stopped one's is not shown as its own.
+    assert "exitCode" not in resumed["status"]
+    header, row = gctl.ok("get", "job", "pausable", "-o", "wide").splitlines()
+    assert row.split()[header.split().index("EXIT")] == "<none>"

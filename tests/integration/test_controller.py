@@ -3,6 +3,8 @@ no processes, so every case is exact."""
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from controller import jobs, manager, nodes, scheduling
 from gctl.api import binding, job, node
 from gctl.store import db, store
@@ -201,3 +203,45 @@ def test_the_controller_keeps_one_due_time_for_its_next_pass(database: db.Databa
     assert controller._timers == [(T0 + scheduling.FOLLOW_UP, manager.SCHEDULE)]
     controller.reconcile(manager.SCHEDULE)  # binds b ahead and tells c: nothing due after it
     assert controller._timers == []
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "backoff_limit"),
+    [("evicted", 143, 0), ("retried", 3, 1)],
+)
+def test_a_new_attempt_shows_no_exit_code_until_it_ends(
+    database: db.Database, how: str, code: int, backoff_limit: int
+) -> None:
+    """The exit code is the attempt's that ended: the bind of the next attempt clears it, so a
+    Running Job never shows the one before's."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        again = make_job("again").build()
+        again.spec.backoff_limit = backoff_limit
+        writer.create(again)
+    _schedule(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, "again-1", "default")
+        attempt.spec.stop_reason = binding.STOP_EVICTED if how == "evicted" else None
+        attempt = writer.update(attempt)
+        attempt.status.phase = "Exited"
+        attempt.status.exit_code = code
+        attempt.status.reason = binding.STOP_EVICTED if how == "evicted" else "Error"
+        writer.update_status(attempt)
+    _reconcile(database, "again")
+    requeued = _get(database, job.Job, "again")
+    assert isinstance(requeued, job.Job)
+    assert (requeued.status.phase, requeued.status.exit_code) == ("Pending", code), how
+    later = T0 + timedelta(minutes=1)  # past a retry's back-off
+    _schedule(database, later)
+    bound = _get(database, job.Job, "again")
+    assert isinstance(bound, job.Job)
+    assert (bound.status.phase, bound.status.attempts) == ("Scheduled", 2)
+    assert bound.status.exit_code is None
+    _attempt_ends(database, "again-2", 0, stop=None)
+    _reconcile(database, "again", later)
+    done = _get(database, job.Job, "again")
+    assert isinstance(done, job.Job)
+    assert (done.status.phase, done.status.exit_code) == ("Succeeded", 0)
