@@ -10,7 +10,7 @@ again (a deadline or TTL coming due), never sleeps, and running it twice does no
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import sweeps
+from controller import cycles, sweeps
 from gctl.api import binding, job, meta, sweep
 from gctl.store import store
 
@@ -428,7 +428,8 @@ def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
 
 
 def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
-    """A Pending Job: say why it waits (suspended, dependencies), or fail a broken chain."""
+    """A Pending Job: say why it waits (suspended, dependencies), or fail a broken chain or a
+    cycle."""
     changed = False
     if j.spec.suspend or any(c.type == job.CONDITION_SUSPENDED for c in j.status.conditions):
         changed = meta.set_condition(
@@ -442,6 +443,12 @@ def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime |
     # A name in dependsOn is a Job or a Sweep (afterok on all its Jobs): controller.sweeps.
     found = [sweeps.dependency(writer, j.namespace, d) for d in j.spec.depends_on]
     decided = sweep.verdict(found)
+    # On a cycle it would wait for ever: it fails, and so does each Job of the cycle in turn
+    # (a failed one still counts as on it), whichever the controller looked at first.
+    if decided.state != "ready" and (loop := cycles.cycle(writer, j)) is not None:
+        why = f"dependsOn makes a cycle: {loop}"
+        _finish(writer, j, "Failed", job.REASON_DEPENDENCY_CYCLE, why, now=now)
+        return None
     if decided.state == "failed":
         _finish(writer, j, "Failed", job.REASON_DEPENDENCY_FAILED, decided.message, now=now)
         return None

@@ -32,6 +32,7 @@ REASON_BACKOFF = "BackOff"
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_WAITING_DEPENDENCIES = "WaitingForDependencies"
 REASON_DEPENDENCY_FAILED = "DependencyFailed"
+REASON_DEPENDENCY_CYCLE = "DependencyCycle"  # on a dependsOn cycle: it could never start
 REASON_PREEMPTED = "Preempted"
 REASON_EVICTED = "Evicted"
 REASON_GPU_MEMORY_EXCEEDED = "GPUMemoryExceeded"
@@ -235,6 +236,9 @@ class Job(meta.Resource):
     kind: Literal["Job"] = "Job"
     spec: JobSpec
     status: JobStatus = Field(default_factory=JobStatus)
+
+    def waits_for(self) -> list[tuple[str, str]]:
+        return [(f"spec.dependsOn[{i}]", name) for i, name in enumerate(self.spec.depends_on)]
 
 
 def rerun_requested(j: Job) -> str | None:

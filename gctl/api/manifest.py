@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from gctl.api import errors, kinds, meta, names
+from gctl.api import dependencies, errors, kinds, meta, names
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 STDIN = "-"
@@ -200,6 +200,12 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
         raise errors.Invalid(f"{where}: {prefix}{field}: {exc}") from None
     if not cls.NAMESPACED:
         obj.metadata.namespace = None
+    for field, needed in obj.waits_for():
+        if needed == obj.name:
+            raise errors.Invalid(
+                f"{where}: {prefix}{field}: names this {kind} itself: it would wait for "
+                f"itself for ever; remove {needed!r}"
+            )
     return obj
 
 
@@ -291,4 +297,34 @@ def load(
                 f"{obj.KIND} {obj.name!r} is already defined in {seen[key]}"
             )
         seen[key] = manifest.source
+    _refuse_cycles(manifests)
     return manifests
+
+
+def _refuse_cycles(manifests: list[Manifest]) -> None:
+    """Refuse a dependsOn cycle made only of objects of this apply: no Job on it could ever
+    start. A cycle closed through objects already stored is the Job controller's to find
+    (reason DependencyCycle), as a cycle can be made over several applies."""
+    graphs: dict[str, dict[str, dependencies.Waiter]] = {}
+    by_name: dict[tuple[str, str], Manifest] = {}
+    # A name in dependsOn is a Job first, then a Sweep: Jobs go into the graph first.
+    for m in sorted(manifests, key=lambda m: m.obj.KIND != dependencies.JOB):
+        if m.obj.KIND not in (dependencies.JOB, dependencies.SWEEP):
+            continue
+        graph = graphs.setdefault(m.obj.namespace, {})
+        if m.obj.name not in graph:
+            needs = tuple(name for _, name in m.obj.waits_for())
+            graph[m.obj.name] = dependencies.Waiter(m.obj.KIND, needs)
+            by_name[(m.obj.namespace, m.obj.name)] = m
+    for namespace, graph in graphs.items():
+        order = [m.obj.name for m in manifests if m.obj.namespace == namespace]
+        found = dependencies.cycle_in(graph, order)
+        if found is None:
+            continue
+        first = by_name[(namespace, found[0])]
+        field = next(f for f, name in first.obj.waits_for() if name == found[1])
+        raise errors.Invalid(
+            f'{first.source} ({first.obj.KIND} "{first.obj.name}"): {field}: makes a dependency '
+            f"cycle {dependencies.describe(namespace, found, graph)}, so none of it could ever "
+            "start: remove one of these dependsOn"
+        )

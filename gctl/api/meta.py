@@ -159,6 +159,11 @@ class Resource(Model):
         """`job.gctl/hello`, as kubectl names objects in its messages."""
         return f"{self.KIND.lower()}.gctl/{self.metadata.name}"
 
+    def waits_for(self) -> list[tuple[str, str]]:
+        """(field path, name) of each Job or Sweep of its namespace that this object waits
+        for: a Job's or a Sweep's dependsOn; nothing for other kinds."""
+        return []
+
     def wire(self) -> dict[str, Any]:
         """The object as stored and printed: camelCase, without None or empty fields."""
         wire: dict[str, Any] = prune(self.model_dump(mode="json", by_alias=True, exclude_none=True))

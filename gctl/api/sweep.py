@@ -155,6 +155,14 @@ class Sweep(meta.Resource):
     spec: SweepSpec
     status: SweepStatus = Field(default_factory=SweepStatus)
 
+    def waits_for(self) -> list[tuple[str, str]]:
+        """What its Jobs wait for: the template's dependsOn and its own (`render_spec`)."""
+        template = self.spec.template.spec.depends_on
+        return [
+            *((f"spec.template.spec.dependsOn[{i}]", name) for i, name in enumerate(template)),
+            *((f"spec.dependsOn[{i}]", name) for i, name in enumerate(self.spec.depends_on)),
+        ]
+
 
 # -- points and names --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import GCTL_BIN, Gctl
+from tests.e2e.test_cli import error_line
 from tests.e2e.test_jobs import job, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,3 +181,55 @@ def test_a_failing_step_fails_its_dependents(gctl: Gctl, tmp_path: Path) -> None
     assert report["message"] == "dependency sweep grid failed (2/3 children failed)"
     assert "attempts" not in third or third["attempts"] == 0
     assert not os.path.exists(tmp_path / "never")
+
+
+def _step(name: str, *depends: str) -> dict[str, Any]:
+    spec = {"command": "true", "resources": {"gpus": 0}, "dependsOn": list(depends)}
+    return {"apiVersion": "gctl/v1", "kind": "Job", "metadata": {"name": name}, "spec": spec}
+
+
+def test_a_cycle_in_one_apply_is_refused_in_one_line(gctl: Gctl, tmp_path: Path) -> None:
+    itself = tmp_path / "itself.yaml"
+    itself.write_text(yaml.safe_dump(_step("itself", "prep", "itself")))
+    refused = gctl("apply", "-f", str(itself))
+    assert refused.code != 0
+    assert error_line(refused) == (
+        f'error: {itself}: document 1 (Job "itself"): spec.dependsOn[1]: names this Job '
+        "itself: it would wait for itself for ever; remove 'itself'"
+    )
+    pair = tmp_path / "pair.yaml"
+    pair.write_text(yaml.safe_dump_all([_step("a", "b"), _step("b", "a")]))
+    refused = gctl("apply", "-f", str(pair))
+    assert refused.code != 0
+    assert error_line(refused) == (
+        f'error: {pair}: document 1 (Job "a"): spec.dependsOn[0]: makes a dependency cycle '
+        "default/a -> default/b -> default/a, so none of it could ever start: remove one of "
+        "these dependsOn"
+    )
+    assert gctl("get", "jobs").out == ""  # nothing was written
+
+
+@pytest.mark.usefixtures("up")
+def test_a_cycle_made_over_two_applies_fails_its_jobs(gctl: Gctl) -> None:
+    _apply(gctl, [_step("a", "b"), _step("after", "a")])
+    wait_for(lambda: job(gctl, "a")["status"].get("reason"), "a to wait for b")
+    _apply(gctl, [_step("b", "a")])
+    for name in ("a", "b", "after"):
+        wait_for(lambda n=name: _phase(gctl, n) == "Failed", f"{name} to fail", timeout=60)
+    a, b = job(gctl, "a")["status"], job(gctl, "b")["status"]
+    assert (a["reason"], a["message"]) == (
+        "DependencyCycle",
+        "dependsOn makes a cycle: default/a -> default/b -> default/a",
+    )
+    assert (b["reason"], b["message"]) == (
+        "DependencyCycle",
+        "dependsOn makes a cycle: default/b -> default/a -> default/b",
+    )
+    assert job(gctl, "after")["status"]["reason"] == "DependencyFailed"
+    wide = {
+        row.split()[0]: row.split() for row in gctl.ok("get", "jobs", "-o", "wide").splitlines()
+    }
+    assert (wide["a"][1], wide["a"][-1]) == ("Failed", "DependencyCycle")
+    described = gctl.ok("describe", "job", "a")
+    assert "DependencyCycle" in described
+    assert "default/a -> default/b -> default/a" in described

@@ -288,3 +288,93 @@ def test_describe_shows_the_chain_and_a_sweeps_jobs(database: db.Database) -> No
     assert "collect  Job   Pending" in text  # Needed By
     assert "grid-a  Pending  a" in text  # Jobs
     assert "grid  Sweep  Pending" in "\n".join(prep)  # the Sweep stands for its Jobs
+
+
+def _waits_for(name: str, *needs: str) -> job.Job:
+    made = make_job(name).build()
+    made.spec.depends_on = list(needs)
+    return made
+
+
+def _cycle_failure(database: db.Database, name: str) -> tuple[str, str | None, list[str]]:
+    """(reason, message, the Job's events) of a Job the controller failed, and its condition."""
+    with database.read() as session:
+        reader = store.Store(session)
+        found = reader.get(job.Job, name, "default")
+        events = [
+            f"{e.spec.type} {e.spec.reason}: {e.spec.message}" for e in reader.events_for(found)
+        ]
+    assert found.status.phase == "Failed"
+    failed = next(c for c in found.status.conditions if c.type == job.CONDITION_FAILED)
+    assert (failed.status, failed.reason, failed.message) == (
+        "True",
+        found.status.reason,
+        found.status.message,
+    )
+    return found.status.reason or "", found.status.message, events
+
+
+def test_each_job_of_a_dependency_cycle_fails_naming_the_cycle(database: db.Database) -> None:
+    _create(database, _waits_for("a", "b"), _waits_for("b", "a"), _waits_for("after", "a"))
+    for name in ("a", "b", "after"):
+        _reconcile_job(database, name)
+    reason, message, events = _cycle_failure(database, "a")
+    assert (reason, message) == (
+        job.REASON_DEPENDENCY_CYCLE,
+        "dependsOn makes a cycle: default/a -> default/b -> default/a",
+    )
+    assert events == [f"Warning DependencyCycle: {message}"]
+    # b is failed by the cycle too, though a failed first; what waits on the cycle fails as
+    # with any failed dependency.
+    assert _cycle_failure(database, "b")[:2] == (
+        job.REASON_DEPENDENCY_CYCLE,
+        "dependsOn makes a cycle: default/b -> default/a -> default/b",
+    )
+    assert _cycle_failure(database, "after")[:2] == (
+        job.REASON_DEPENDENCY_FAILED,
+        "dependency a failed",
+    )
+
+
+def test_a_cycle_closed_by_a_later_apply_fails_both_jobs(database: db.Database) -> None:
+    _create(database, _waits_for("a", "b"))
+    _reconcile_job(database, "a")
+    assert _get_job(database, "a").status.reason == job.REASON_WAITING_DEPENDENCIES
+    _create(database, _waits_for("b", "a"))
+    for name in ("b", "a"):
+        _reconcile_job(database, name)
+        assert _cycle_failure(database, name)[0] == job.REASON_DEPENDENCY_CYCLE
+
+
+def test_a_stored_job_that_waits_for_itself_fails(database: db.Database) -> None:
+    """Apply refuses it; one stored before that was so is failed by the controller."""
+    _create(database, _waits_for("itself", "itself"))
+    _reconcile_job(database, "itself")
+    assert _cycle_failure(database, "itself")[:2] == (
+        job.REASON_DEPENDENCY_CYCLE,
+        "dependsOn makes a cycle: default/itself -> default/itself",
+    )
+
+
+def test_a_cycle_through_a_sweep_fails_its_jobs_and_then_the_sweep(database: db.Database) -> None:
+    _create(
+        database,
+        _waits_for("collect", "grid"),
+        _sweep("grid", items=["a", "b"], dependsOn=["collect"]),
+    )
+    _reconcile_sweep(database, "grid")
+    for name in ("grid-a", "collect", "grid-b"):
+        _reconcile_job(database, name)
+    messages = {n: _cycle_failure(database, n)[1] for n in ("grid-a", "collect", "grid-b")}
+    assert messages == {
+        "grid-a": "dependsOn makes a cycle: default/grid-a -> default/collect -> sweep "
+        "default/grid -> default/grid-a",
+        "collect": "dependsOn makes a cycle: default/collect -> sweep default/grid -> "
+        "default/collect",
+        "grid-b": "dependsOn makes a cycle: default/grid-b -> default/collect -> sweep "
+        "default/grid -> default/grid-b",
+    }
+    _reconcile_sweep(database, "grid")
+    grid = _get_sweep(database, "grid")
+    assert grid is not None
+    assert (grid.status.phase, grid.status.message) == ("Failed", "2/2 Jobs failed")

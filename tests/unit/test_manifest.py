@@ -29,6 +29,10 @@ def _job(spec: str, name: str = "h") -> str:
     return f"apiVersion: gctl/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec: {spec}\n"
 
 
+def _sweep(spec: str, name: str = "s") -> str:
+    return f"apiVersion: gctl/v1\nkind: Sweep\nmetadata: {{name: {name}}}\nspec: {spec}\n"
+
+
 def test_multi_document_file() -> None:
     parsed = manifest.parse("x.yaml", GOOD)
     assert [str(m.source) for m in parsed] == ["x.yaml: document 1", "x.yaml: document 2"]
@@ -109,6 +113,15 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         (_job("{command: [1, 2]}"), "spec.command: must be a list of strings"),
         (_job("{command: x, env: {1A: b}}"), "spec.env.1A:"),
         (_job("{command: x, dependsOn: [a, a]}"), "spec.dependsOn: names a Job twice"),
+        (_job("{command: x, dependsOn: [a, h]}"), 'Job "h"): spec.dependsOn[1]: names this Job'),
+        (
+            _sweep("{items: [a], dependsOn: [s], template: {spec: {command: x}}}"),
+            'Sweep "s"): spec.dependsOn[0]: names this Sweep itself',
+        ),
+        (
+            _sweep("{items: [a], template: {spec: {command: x, dependsOn: [s]}}}"),
+            "spec.template.spec.dependsOn[0]: names this Sweep itself",
+        ),
         (_job("{command: x, placement: {gpus: [0, 1]}}"), "spec.placement: gpus lists 2"),
         (_job("{command: x, backoffLimit: -1}"), "spec.backoffLimit:"),
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
@@ -171,6 +184,43 @@ def test_same_name_in_two_namespaces_is_no_duplicate(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(text)
     loaded = manifest.load([str(tmp_path)], recursive=False, namespace="default")
     assert [m.obj.metadata.namespace for m in loaded] == ["default", "other"]
+
+
+def test_a_cycle_made_in_one_apply_is_refused(tmp_path: Path) -> None:
+    # A diamond, and a name the apply does not hold (a cycle through it is the controller's).
+    (tmp_path / "a.yaml").write_text(_job("{command: x, dependsOn: [stored]}", name="a"))
+    (tmp_path / "b.yaml").write_text(
+        _job("{command: x, dependsOn: [a]}", name="b")
+        + "---\n"
+        + _job("{command: x, dependsOn: [a]}", name="c")
+        + "---\n"
+        + _job("{command: x, dependsOn: [b, c]}", name="d")
+    )
+    loaded = manifest.load([str(tmp_path)], recursive=False, namespace="ml")
+    assert [m.obj.name for m in loaded] == ["a", "b", "c", "d"]
+    (tmp_path / "a.yaml").write_text(_job("{command: x, dependsOn: [c]}", name="a"))
+    (tmp_path / "b.yaml").write_text(
+        _job("{command: x, dependsOn: [prep, a]}", name="b")
+        + "---\n"
+        + _job("{command: x, dependsOn: [b]}", name="c")
+    )
+    with pytest.raises(errors.Invalid) as caught:
+        manifest.load([str(tmp_path)], recursive=False, namespace="ml")
+    assert str(caught.value) == (
+        f'{tmp_path}/a.yaml: document 1 (Job "a"): spec.dependsOn[0]: makes a dependency cycle '
+        "ml/a -> ml/c -> ml/b -> ml/a, so none of it could ever start: remove one of these "
+        "dependsOn"
+    )
+
+
+def test_a_cycle_through_a_sweep_in_one_apply_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        _job("{command: x, dependsOn: [grid]}", name="collect")
+        + "---\n"
+        + _sweep("{items: [a], dependsOn: [collect], template: {spec: {command: x}}}", "grid")
+    )
+    with pytest.raises(errors.Invalid, match=r'p.yaml: document 1 \(Job "collect"\): spec.dep'):
+        manifest.load([str(tmp_path)], recursive=False, namespace="default")
 
 
 def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
