@@ -418,6 +418,16 @@ def _bound(
         generation=j.metadata.generation,
         now=now,
     )
+    if any(c.type == job.CONDITION_SUSPENDED and c.status == "True" for c in status.conditions):
+        # Resumed and bound before the Job's own reconcile said so: bound, it is not suspended.
+        meta.set_condition(
+            status.conditions,
+            job.CONDITION_SUSPENDED,
+            "False",
+            "Resumed",
+            generation=j.metadata.generation,
+            now=now,
+        )
     if moved is not None:
         was = ",".join(str(g) for g in moved.gpus)
         message += f" (moved from {moved.node} GPUs [{was}], where it was bound ahead)"

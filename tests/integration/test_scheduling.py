@@ -274,6 +274,25 @@ def test_a_suspended_job_leaves_the_queue(database: db.Database) -> None:
     assert ("default", "second") not in _places(database)
 
 
+def test_a_resumed_job_bound_before_its_reconcile_is_no_longer_suspended(
+    database: db.Database,
+) -> None:
+    """The Job controller marks a Pending Job resumed; the scheduler may bind it first, and
+    then the Job is no longer Pending for the Job controller to say so."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("paused").build())
+        paused = writer.get(job.Job, "paused", "default")
+        meta.set_condition(paused.status.conditions, job.CONDITION_SUSPENDED, "True", "Suspended")
+        writer.update_status(paused)  # as it was left while suspended; now resumed
+    _schedule(database)
+    found = _job(database, "paused")
+    assert found.status.phase == "Scheduled"
+    suspended = next(c for c in found.status.conditions if c.type == job.CONDITION_SUSPENDED)
+    assert (suspended.status, suspended.reason) == ("False", "Resumed")
+
+
 def test_the_pool_decides_placement_and_memory_enforcement(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)
