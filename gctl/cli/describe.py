@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import event
-from gctl.cli import printers
+from gctl.cli import cells
 
 if TYPE_CHECKING:
     from gctl.store import store
@@ -48,11 +48,11 @@ def _tree(value: Any, indent: int) -> list[str]:
 
 def _scalar(value: Any) -> str:
     if isinstance(value, list):
-        return shlex.join(str(v) for v in value) if value else printers.NONE
+        return shlex.join(str(v) for v in value) if value else cells.NONE
     if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items()) or printers.NONE
+        return ",".join(f"{k}={v}" for k, v in value.items()) or cells.NONE
     if value is None or value == "":
-        return printers.NONE
+        return cells.NONE
     return str(value)
 
 
@@ -83,7 +83,7 @@ def render(
         "Kind": wire["kind"],
         "UID": metadata.get("uid"),
         "Generation": metadata.get("generation"),
-        "Created": f"{created} ({printers.age(created, now)} ago)" if created else None,
+        "Created": f"{created} ({cells.age(created, now)} ago)" if created else None,
     }
     if metadata.get("deletionTimestamp"):
         head["Deleting Since"] = metadata["deletionTimestamp"]
@@ -98,22 +98,22 @@ def render(
     conditions = status.pop("conditions", [])
     status.pop("members", None)  # an ApplySet's, shown as a table of their own (`related`)
     lines.append("Status:")
-    lines.extend(_tree(status, 1) if status else ["  " + printers.NONE])
-    lines.append("Conditions:" if conditions else f"Conditions:   {printers.NONE}")
+    lines.extend(_tree(status, 1) if status else ["  " + cells.NONE])
+    lines.append("Conditions:" if conditions else f"Conditions:   {cells.NONE}")
     if conditions:
         rows = [
             [
                 c["type"],
                 c["status"],
                 c.get("reason", ""),
-                printers.age(c.get("lastTransitionTime"), now),
+                cells.age(c.get("lastTransitionTime"), now),
                 c.get("message", ""),
             ]
             for c in conditions
         ]
         lines.extend(_table(["Type", "Status", "Reason", "Age", "Message"], rows))
     lines.extend(related or [])
-    lines.append("Events:" if events else f"Events:       {printers.NONE}")
+    lines.append("Events:" if events else f"Events:       {cells.NONE}")
     if events:
         rows = [_event_row(e, now) for e in events]
         lines.extend(_table(["Type", "Reason", "Age", "From", "Message"], rows))
@@ -135,7 +135,7 @@ def _queue(wire: dict[str, Any], now: datetime) -> dict[str, str]:
             pool = wire["spec"].get("pool") or "default"
             found["Queue"] = f"position {position} in pool {pool}"
         if eta := status.get("estimatedStartTime"):
-            when = printers.until(eta, now)
+            when = cells.until(eta, now)
             found["Starts"] = f"{eta} ({when})" if when == "now" else f"{eta} (in {when})"
     if preemptions := status.get("preemptions"):
         found["Preemptions"] = f"{preemptions} (requeued each time, not counted as failures)"
@@ -148,7 +148,7 @@ def _rerun(wire: dict[str, Any], now: datetime) -> dict[str, str]:
     if not token:
         return {}
     try:
-        text = f"{token} ({printers.age(token, now)} ago)"
+        text = f"{token} ({cells.age(token, now)} ago)"
     except ValueError:  # a token need not be a time: only new matters
         text = token
     why = wire["metadata"].get("annotations", {}).get("gctl/rerun-reason")
@@ -157,7 +157,7 @@ def _rerun(wire: dict[str, Any], now: datetime) -> dict[str, str]:
 
 def _event_row(e: event.Event, now: datetime) -> list[str]:
     def ago(moment: datetime) -> str:
-        return printers.human_duration((now - moment).total_seconds())
+        return cells.human_duration((now - moment).total_seconds())
 
     seen = e.spec.last_timestamp or e.metadata.creation_timestamp
     when = ago(seen) if seen else "?"
@@ -258,7 +258,7 @@ def _chain_row(name: str, phases: dict[tuple[str, str], str]) -> list[str]:
     for kind in ("Job", "Sweep"):
         if (kind, name) in phases:
             return [name, kind, phases[(kind, name)]]
-    return [name, printers.NONE, "NotFound (waits until it exists)"]
+    return [name, cells.NONE, "NotFound (waits until it exists)"]
 
 
 def _section(
@@ -266,5 +266,5 @@ def _section(
 ) -> list[str]:
     """A table under a heading; nothing at all when empty, unless `always`."""
     if not rows:
-        return [f"{heading:<14}{printers.NONE}"] if always else []
+        return [f"{heading:<14}{cells.NONE}"] if always else []
     return [heading, *_table(headers, rows)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, selector
-from gctl.cli import following, printers, views
+from gctl.cli import cells, following, printers, views
 
 if TYPE_CHECKING:
     from gctl.api import binding, job
@@ -523,5 +523,5 @@ def get_gpus(
     if not rows:
         print("No resources found.", file=sys.stderr)
         return
-    table = printers.Table(printers.GPU_VIEW, output == "wide", namespaces=False, show_labels=False)
+    table = printers.Table(cells.GPU_VIEW, output == "wide", namespaces=False, show_labels=False)
     printers.print_objects(rows, output, table, single=False)

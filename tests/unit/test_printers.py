@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gctl.cli import printers
+from gctl.cli import cells, printers
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -31,7 +31,7 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
     ],
 )
 def test_human_duration(seconds: int, text: str) -> None:
-    assert printers.human_duration(seconds) == text
+    assert cells.human_duration(seconds) == text
 
 
 def _job(name: str, phase: str = "Pending", **spec: object) -> dict[str, object]:
@@ -258,7 +258,7 @@ def _gpu_row(**fields: Any) -> dict[str, Any]:
 )
 def test_gpu_memory_says_the_unit_once(used: int | None, total: int | None, text: str) -> None:
     row = _gpu_row(memoryUsed=used, memoryTotal=total)
-    assert printers._gpu_memory(row, NOW) == text
+    assert cells._gpu_memory(row, NOW) == text
 
 
 @pytest.mark.parametrize(
@@ -276,22 +276,22 @@ def test_gpu_jobs_stay_narrow(names: list[str], text: str) -> None:
         {"namespace": "default", "name": n.split("(")[0], "share": 0.5 if "(" in n else 1.0}
         for n in names
     ]
-    assert printers._gpu_jobs(_gpu_row(jobs=jobs), NOW) == text
+    assert cells._gpu_jobs(_gpu_row(jobs=jobs), NOW) == text
 
 
 def test_gpu_other_is_memory_of_processes_gctl_did_not_start() -> None:
     processes = [{"pid": 1, "usedMemory": 2**30}, {"pid": 2, "usedMemory": 2 * 2**30}]
-    assert printers._gpu_other(_gpu_row(foreignProcesses=processes), NOW) == "3Gi"
+    assert cells._gpu_other(_gpu_row(foreignProcesses=processes), NOW) == "3Gi"
     unknown = [{"pid": 1, "usedMemory": None}]
-    assert printers._gpu_other(_gpu_row(foreignProcesses=unknown), NOW) == "?"
-    assert printers._gpu_other(_gpu_row(), NOW) == "<none>"
-    assert printers._gpu_other_pids(_gpu_row(foreignProcesses=processes), NOW) == "1,2"
+    assert cells._gpu_other(_gpu_row(foreignProcesses=unknown), NOW) == "?"
+    assert cells._gpu_other(_gpu_row(), NOW) == "<none>"
+    assert cells._gpu_other_pids(_gpu_row(foreignProcesses=processes), NOW) == "1,2"
 
 
 def test_until() -> None:
-    assert printers.until((NOW + timedelta(minutes=12)).isoformat(), NOW) == "12m"
-    assert printers.until((NOW - timedelta(minutes=1)).isoformat(), NOW) == "now"
-    assert printers.until(None, NOW) == "<none>"
+    assert cells.until((NOW + timedelta(minutes=12)).isoformat(), NOW) == "12m"
+    assert cells.until((NOW - timedelta(minutes=1)).isoformat(), NOW) == "now"
+    assert cells.until(None, NOW) == "<none>"
 
 
 def test_wide_job_table_shows_queue_position_and_eta_while_pending() -> None:
@@ -316,9 +316,9 @@ def test_wide_job_table_shows_queue_position_and_eta_while_pending() -> None:
 
 def test_job_gpus_from_a_profile() -> None:
     job = _job("serve", resources={"profile": "qwen2.5-7b-inst"})
-    assert printers._job_gpus(job, NOW) == "qwen2.5-7b-inst"
+    assert cells._job_gpus(job, NOW) == "qwen2.5-7b-inst"
     job = _job("serve", resources={"profile": "qwen2.5-7b-inst", "gpus": 2, "gpuMemory": "8Gi"})
-    assert printers._job_gpus(job, NOW) == "2x8Gi"
+    assert cells._job_gpus(job, NOW) == "2x8Gi"
 
 
 def test_profile_description_is_cut_to_fit() -> None:

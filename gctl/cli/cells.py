@@ -1,0 +1,422 @@
+"""The cells of `gctl get`'s tables: for each kind, its columns (and those -o wide adds) and
+how each cell reads a wire dict; ages and durations written as kubectl writes them.
+
+Cells read wire dicts (as stored), never validated models: `gctl get` over thousands of
+objects must not pay for validation.
+"""
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from gctl.api import kinds, quantity
+from gctl.cli import views
+
+Wire = dict[str, Any]
+Column = tuple[str, Callable[[Wire, datetime], str]]
+NONE = "<none>"
+
+
+def human_duration(seconds: float) -> str:
+    """kubectl's HumanDuration: 45s, 3m20s, 15m, 5h30m, 20h, 3d4h, 30d, 2y100d."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if hours < 24 * 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    years, rest = divmod(days, 365)
+    if hours < 24 * 365 * 8 and rest:
+        return f"{years}y{rest}d"
+    return f"{years}y"
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def age(text: str | None, now: datetime) -> str:
+    moment = parse_time(text)
+    return NONE if moment is None else human_duration((now - moment).total_seconds())
+
+
+def _created(w: Wire, now: datetime) -> str:
+    return age(w["metadata"].get("creationTimestamp"), now)
+
+
+def _job_status(w: Wire, _now: datetime) -> str:
+    if w["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    phase: str = w["status"].get("phase", "Pending")
+    if phase == "Pending" and w["spec"].get("suspend"):
+        return "Suspended"
+    return phase
+
+
+def _job_gpus(w: Wire, _now: datetime) -> str:
+    resources = w["spec"].get("resources", {})
+    if "gpus" not in resources and resources.get("profile"):
+        text = str(resources["profile"])  # the count comes from the GPUProfile
+    else:
+        text = quantity.format_gpus(float(resources.get("gpus", 1)))
+    memory = resources.get("gpuMemory")
+    return f"{text}x{memory}" if memory else text
+
+
+def _pending(read: Callable[[Wire, datetime], str]) -> Callable[[Wire, datetime], str]:
+    """A column that only means something while the Job waits in its queue."""
+
+    def pending_only(w: Wire, now: datetime) -> str:
+        return read(w, now) if w["status"].get("phase", "Pending") == "Pending" else NONE
+
+    return pending_only
+
+
+def until(text: str | None, now: datetime) -> str:
+    """How long until a moment: `12m`; `now` once it has passed."""
+    moment = parse_time(text)
+    if moment is None:
+        return NONE
+    seconds = (moment - now).total_seconds()
+    return "now" if seconds < 1 else human_duration(seconds)
+
+
+def _job_eta(w: Wire, now: datetime) -> str:
+    return until(w["status"].get("estimatedStartTime"), now)
+
+
+def field(*path: str, default: str = NONE) -> Callable[[Wire, datetime], str]:
+    def read(w: Wire, _now: datetime) -> str:
+        value: Any = w
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None or value in ([], ""):
+            return default
+        if isinstance(value, list):
+            return ",".join(str(item) for item in value)
+        return str(value)
+
+    return read
+
+
+def _pool_selector(w: Wire, _now: datetime) -> str:
+    selector = w["spec"].get("selector", {})
+    parts = []
+    if nodes := selector.get("nodes"):
+        parts.append("nodes=" + ",".join(nodes))
+    if labels := selector.get("nodeLabels"):
+        parts.extend(f"{k}={v}" for k, v in labels.items())
+    if model := selector.get("gpuModel"):
+        parts.append(f"model={model}")
+    if gpus := selector.get("gpus"):
+        parts.append("gpus=" + ",".join(str(g) for g in gpus))
+    return " ".join(parts) or "<all>"
+
+
+def _view(key: str) -> Callable[[Wire, datetime], str]:
+    """A cell from what `views` worked out for the object (absent: `-o` of a watch)."""
+
+    def read(w: Wire, _now: datetime) -> str:
+        value = w.get(views.VIEW, {}).get(key)
+        return NONE if value is None else str(value)
+
+    return read
+
+
+def _sweep_status(w: Wire, _now: datetime) -> str:
+    if w["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    return str(w["status"].get("phase", "Pending"))
+
+
+def _sweep_done(w: Wire, _now: datetime) -> str:
+    """`12/20`: Jobs that succeeded, of all the Sweep's points."""
+    status = w["status"]
+    return f"{status.get('succeeded', 0)}/{status.get('total', 0)}"
+
+
+def _sweep_source(w: Wire, _now: datetime) -> str:
+    spec = w["spec"]
+    if "files" in spec:
+        return f"files={spec['files']}"
+    if "matrix" in spec:
+        return "matrix=" + ",".join(sorted(spec["matrix"]))
+    return f"items={len(spec.get('items', []))}"
+
+
+_SOURCE_WIDTH = 36  # so that an ApplySet's row fits 100 columns; -o yaml shows it whole
+
+
+def _applyset_source(w: Wire, _now: datetime) -> str:
+    """The directory a set comes from, its end kept when it is long: `...ts/experiments`."""
+    text = str(w["spec"].get("source") or NONE)
+    return text if len(text) <= _SOURCE_WIDTH else "..." + text[-(_SOURCE_WIDTH - 3) :]
+
+
+def _applyset_synced(w: Wire, _now: datetime) -> str:
+    conditions = w["status"].get("conditions", [])
+    synced = next((c for c in conditions if c["type"] == "Synced"), None)
+    return NONE if synced is None else str(synced["status"])
+
+
+def _applyset_reason(w: Wire, _now: datetime) -> str:
+    conditions = w["status"].get("conditions", [])
+    synced = next((c for c in conditions if c["type"] == "Synced"), None)
+    return NONE if synced is None else str(synced.get("reason") or NONE)
+
+
+def _node_status(w: Wire, _now: datetime) -> str:
+    if views.VIEW in w:
+        return str(w[views.VIEW]["status"])
+    return views.node_status(w, busy=None)
+
+
+def _node_gpus(w: Wire, _now: datetime) -> str:
+    gpus = w["status"].get("gpus", [])
+    fake = " (fake)" if any(g.get("fake") for g in gpus) else ""
+    return f"{len(gpus)}{fake}"
+
+
+def _node_model(w: Wire, _now: datetime) -> str:
+    models = sorted({g.get("model", "?") for g in w["status"].get("gpus", [])})
+    return ",".join(models) or NONE
+
+
+_DESCRIPTION_WIDTH = 52  # so that a profile's row fits 100 columns; -o yaml shows it whole
+
+
+def _description(w: Wire, _now: datetime) -> str:
+    text = " ".join(str(w["spec"].get("description", "")).split())
+    if len(text) > _DESCRIPTION_WIDTH:
+        text = text[: _DESCRIPTION_WIDTH - 3].rstrip() + "..."
+    return text or NONE
+
+
+def _event_object(w: Wire, _now: datetime) -> str:
+    ref = w["spec"].get("involvedObject", {})
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
+
+
+def _event_last_seen(w: Wire, now: datetime) -> str:
+    return age(w["spec"].get("lastTimestamp") or w["metadata"].get("creationTimestamp"), now)
+
+
+def _event_message(w: Wire, _now: datetime) -> str:
+    count = w["spec"].get("count", 1)
+    message = str(w["spec"].get("message", ""))
+    return f"{message} (x{count})" if count > 1 else message
+
+
+_NAME: Column = ("NAME", field("metadata", "name"))
+_AGE: Column = ("AGE", _created)
+
+COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
+    # kind: (default columns, extra columns for -o wide)
+    "Job": (
+        [
+            _NAME,
+            ("STATUS", _job_status),
+            ("GPUS", _job_gpus),
+            ("POOL", field("spec", "pool", default="default")),
+            ("PRIORITY", field("spec", "priority", default="0")),
+            _AGE,
+        ],
+        [
+            ("NODE", field("status", "node")),
+            ("GPU-IDS", field("status", "gpus")),
+            ("ATTEMPTS", field("status", "attempts", default="0")),
+            ("EXIT", field("status", "exitCode")),
+            ("POS", _pending(field("status", "queuePosition"))),
+            ("ETA", _pending(_job_eta)),
+            ("REASON", field("status", "reason")),
+        ],
+    ),
+    "Sweep": (
+        [
+            _NAME,
+            ("DONE", _sweep_done),
+            ("RUNNING", field("status", "running", default="0")),
+            ("PENDING", field("status", "pending", default="0")),
+            ("FAILED", field("status", "failed", default="0")),
+            ("STATUS", _sweep_status),
+            _AGE,
+        ],
+        [
+            ("MAX-PARALLEL", field("spec", "maxParallel")),
+            ("OVER", _sweep_source),
+            ("REASON", field("status", "reason")),
+        ],
+    ),
+    "ApplySet": (
+        [
+            _NAME,
+            ("SOURCE", _applyset_source),
+            ("MEMBERS", lambda w, _now: str(len(w["status"].get("members", [])))),
+            ("SYNCED", _applyset_synced),
+            ("LAST SYNC", lambda w, now: age(w["status"].get("lastSyncTime"), now)),
+            _AGE,
+        ],
+        [
+            ("REASON", _applyset_reason),
+            ("POLICY", field("spec", "onSpecChange", default="Refuse")),
+            ("DRIFT-REVERTED", field("status", "driftReverted", default="0")),
+        ],
+    ),
+    "GPUPool": (
+        [
+            _NAME,
+            ("GPUS", _view("gpus")),
+            ("ALLOCATED", _view("allocated")),
+            ("RUNNING", _view("running")),
+            ("QUEUED", _view("queued")),
+            ("POLICY", field("spec", "policy", default="binpack")),
+            _AGE,
+        ],
+        [
+            ("JOBS/GPU", field("spec", "maxJobsPerGPU")),  # none: as many as fractions allow
+            ("FRACTIONS", field("spec", "allowFractions", default="True")),
+            ("PREEMPTION", field("spec", "preemption", default="True")),
+            ("BACKFILL", field("spec", "backfill", default="False")),
+            ("SELECTOR", _pool_selector),
+        ],
+    ),
+    "GPUProfile": (
+        [
+            _NAME,
+            ("GPUS", field("spec", "gpus", default="1")),
+            ("MEMORY", field("spec", "gpuMemory")),
+            ("MODEL", field("spec", "gpuModel")),
+            ("DESCRIPTION", _description),
+        ],
+        [_AGE],
+    ),
+    "Node": (
+        [_NAME, ("STATUS", _node_status), ("GPUS", _node_gpus), ("MODEL", _node_model), _AGE],
+        [
+            ("HEARTBEAT", lambda w, now: age(w["status"].get("heartbeatTime"), now)),
+            ("VERSION", field("status", "agentVersion")),
+        ],
+    ),
+    "Binding": (
+        [
+            _NAME,
+            ("JOB", field("spec", "jobName")),
+            ("NODE", field("spec", "node")),
+            ("GPUS", field("spec", "gpus")),
+            ("PHASE", field("status", "phase")),
+            _AGE,
+        ],
+        [("PID", field("status", "pid")), ("EXIT", field("status", "exitCode"))],
+    ),
+    "Event": (
+        [
+            ("LAST SEEN", _event_last_seen),
+            ("TYPE", field("spec", "type")),
+            ("REASON", field("spec", "reason")),
+            ("OBJECT", _event_object),
+            ("MESSAGE", _event_message),
+        ],
+        [("SOURCE", field("spec", "source")), ("COUNT", field("spec", "count"))],
+    ),
+}
+
+
+# -- gpus: rows of views.gpu_rows(), a view of Nodes and Bindings, not a stored kind -------
+
+_VENDOR = "NVIDIA "  # dropped in tables: every NVIDIA model name starts with it; width is scarce
+
+
+def _bytes(value: int | None) -> str:
+    return "?" if value is None else quantity.format_bytes(int(value))
+
+
+def _gpu_memory(row: Wire, _now: datetime) -> str:
+    """`79.3/80Gi`: used and total, the unit said once when both share it."""
+    if row["memoryUsed"] is None and row["memoryTotal"] is None:
+        return NONE
+    used, total = _bytes(row["memoryUsed"]), _bytes(row["memoryTotal"])
+    unit = total.lstrip("0123456789.")
+    if unit and used.endswith(unit) and used[: -len(unit)].replace(".", "").isdigit():
+        used = used[: -len(unit)]
+    return f"{used}/{total}"
+
+
+def _gpu_model(row: Wire, _now: datetime) -> str:
+    model = str(row["model"] or NONE)
+    return model.removeprefix(_VENDOR) or model
+
+
+def _gpu_util(row: Wire, _now: datetime) -> str:
+    return NONE if row["utilization"] is None else f"{row['utilization']}%"
+
+
+_JOBS_WIDTH = 24  # names past this show as +N, so that a shared GPU's row fits 100 columns
+
+
+def _gpu_jobs(row: Wire, _now: datetime) -> str:
+    names = []
+    for holder in row["jobs"]:
+        name = holder["name"]
+        if holder["namespace"] != kinds.DEFAULT_NAMESPACE:
+            name = f"{holder['namespace']}/{name}"
+        share = float(holder["share"])
+        names.append(f"{name}({share:g})" if 0 < share < 1 else name)
+    shown = names[:1]
+    for name in names[1:]:
+        rest = len(names) - len(shown) - 1
+        more = f",+{rest}" if rest else ""
+        if len(",".join([*shown, name])) + len(more) > _JOBS_WIDTH:
+            break
+        shown.append(name)
+    hidden = len(names) - len(shown)
+    return ",".join(shown) + (f",+{hidden}" if hidden else "") or NONE
+
+
+def _gpu_other(row: Wire, _now: datetime) -> str:
+    """GPU memory held by processes gctl did not start; `?` when NVML cannot tell."""
+    processes = row["foreignProcesses"]
+    if not processes:
+        return NONE
+    known = [p["usedMemory"] for p in processes if p["usedMemory"] is not None]
+    return quantity.format_bytes(sum(known)) if known else "?"
+
+
+def _gpu_other_pids(row: Wire, _now: datetime) -> str:
+    return ",".join(str(p["pid"]) for p in row["foreignProcesses"]) or NONE
+
+
+GPU_VIEW = "GPU"  # the key of the gpus table in COLUMNS; rows come from views.gpu_rows()
+COLUMNS[GPU_VIEW] = (
+    [
+        ("NODE", field("node")),
+        ("GPU", field("index")),
+        ("MODEL", _gpu_model),
+        ("MEMORY", _gpu_memory),
+        ("UTIL", _gpu_util),
+        ("JOBS", _gpu_jobs),
+        ("OTHER", _gpu_other),  # memory of processes gctl did not start
+        ("STATUS", field("status")),
+    ],
+    [("UUID", field("uuid")), ("OTHER-PIDS", _gpu_other_pids)],
+)
+
+
+def labels(w: Wire, _now: datetime) -> str:
+    labels = w["metadata"].get("labels", {})
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or NONE
