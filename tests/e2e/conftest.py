@@ -1,6 +1,7 @@
 """The fixtures of the end-to-end tests: gctl's daemons, and a node's runtime alone."""
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,10 +10,11 @@ from typing import TypeVar
 import pytest
 
 from nodeagent import runtime
-from tests.conftest import Gctl
-from tests.e2e.test_jobs import Cluster
+from tests.conftest import GCTL_BIN, Gctl
+from tests.e2e.test_jobs import Cluster, wait_for
 
 DEADLINE = 20.0
+REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -45,6 +47,34 @@ def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[Cluster]:
     yield running
     running.stop()
     print(running.logs())
+
+
+@pytest.fixture
+def up(gctl: Gctl, tmp_path: Path) -> Iterator[None]:
+    """`gctl up` with 8 fake GPUs, from the repository's root as the examples expect, until
+    the node is Ready."""
+    log = open(tmp_path / "up.log", "ab")  # noqa: SIM115 - the child keeps it
+    process = subprocess.Popen(
+        [
+            *(GCTL_BIN, "up", "--fake-gpus", "8", "--state-dir", str(tmp_path / "state")),
+            *("--heartbeat", "0.5", "--backoff", "0.2", "--grace-period", "1"),
+        ],
+        stdout=log,
+        stderr=log,
+        env={**gctl.env(), "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=REPO,
+    )
+    log.close()
+    try:
+        wait_for(lambda: "Ready" in gctl.ok("get", "nodes"), "the node to be Ready")
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
 
 
 def launch_script(

@@ -1,53 +1,24 @@
 """Sweeps and pipelines for real: `gctl up` on fake GPUs, real processes, real files.
 
-`gctl up` runs from the repository's root, as the examples expect (their workingDir is
-relative to it); each test gives the steps a work directory of its own.
+`gctl up` (the `up` fixture) runs from the repository's root, as the examples expect (their
+workingDir is relative to it); each test gives the steps a work directory of its own.
 """
 
 import itertools
 import json
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import GCTL_BIN, Gctl
+from tests.conftest import Gctl
+from tests.e2e.conftest import REPO
 from tests.e2e.test_cli import error_line
 from tests.e2e.test_jobs import job, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "manifests" / "examples" / "pipeline" / "pipeline.yaml"
-
-
-@pytest.fixture
-def up(gctl: Gctl, tmp_path: Path) -> Iterator[None]:
-    """`gctl up` with 8 fake GPUs, until the node is Ready."""
-    log = open(tmp_path / "up.log", "ab")  # noqa: SIM115 - the child keeps it
-    process = subprocess.Popen(
-        [
-            *(GCTL_BIN, "up", "--fake-gpus", "8", "--state-dir", str(tmp_path / "state")),
-            *("--heartbeat", "0.5", "--backoff", "0.2", "--grace-period", "1"),
-        ],
-        stdout=log,
-        stderr=log,
-        env={**gctl.env(), "PYTHONDONTWRITEBYTECODE": "1"},
-        cwd=REPO,
-    )
-    log.close()
-    try:
-        wait_for(lambda: "Ready" in gctl.ok("get", "nodes"), "the node to be Ready")
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 def _apply(gctl: Gctl, documents: list[dict[str, Any]], *args: str) -> None:
