@@ -2,10 +2,12 @@
 how each cell reads a wire dict; ages and durations written as kubectl writes them.
 
 Cells read wire dicts (as stored), never validated models: `gctl get` over thousands of
-objects must not pay for validation.
+objects must not pay for validation. A plain table's cells are short enough for 100 columns
+(the free text last, which the table fits); -o wide may show more (WIDE_CELLS), and says it
+short where that loses nothing (`0-7` for eight GPUs).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -101,6 +103,41 @@ def _job_eta(w: Wire, now: datetime) -> str:
     return until(w["status"].get("estimatedStartTime"), now)
 
 
+def _job_reason(w: Wire, _now: datetime) -> str:
+    """Why the Job is where it is: its status's reason, else why it is not scheduled (the
+    scheduler says that of a Job it cannot place in its Scheduled condition alone), as kubectl
+    shows a pending pod's `Unschedulable`."""
+    status = w["status"]
+    if status.get("reason"):
+        return str(status["reason"])
+    conditions = status.get("conditions", [])
+    scheduled = next((c for c in conditions if c["type"] == "Scheduled"), None)
+    if scheduled is not None and scheduled["status"] == "False" and scheduled.get("reason"):
+        return str(scheduled["reason"])
+    return NONE
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """GPU indices written short, in their order: `0-7` for eight, `0-2,5`, `3,1`."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def _gpu_ids(*path: str) -> Callable[[Wire, datetime], str]:
+    def read(w: Wire, _now: datetime) -> str:
+        value: Any = w
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return index_ranges([int(i) for i in value]) if value else NONE
+
+    return read
+
+
 def field(*path: str, default: str = NONE) -> Callable[[Wire, datetime], str]:
     def read(w: Wire, _now: datetime) -> str:
         value: Any = w
@@ -163,6 +200,22 @@ def _sweep_source(w: Wire, _now: datetime) -> str:
 _SOURCE_WIDTH = 36  # so that an ApplySet's row fits 100 columns; -o yaml shows it whole
 
 
+def _pool_allows(w: Wire, _now: datetime) -> str:
+    """What a pool allows of fractions, preemption and backfill (what it does not list is
+    off): one column for -o wide, as kubectl lists a node's ROLES."""
+    spec = w["spec"]
+    allowed = [
+        word
+        for word, key, default in (
+            ("fractions", "allowFractions", True),
+            ("preemption", "preemption", True),
+            ("backfill", "backfill", False),
+        )
+        if spec.get(key, default)
+    ]
+    return ",".join(allowed) or NONE
+
+
 def _applyset_source(w: Wire, _now: datetime) -> str:
     """The directory a set comes from, its end kept when it is long: `...ts/experiments`."""
     text = str(w["spec"].get("source") or NONE)
@@ -217,9 +270,14 @@ def _event_last_seen(w: Wire, now: datetime) -> str:
     return age(w["spec"].get("lastTimestamp") or w["metadata"].get("creationTimestamp"), now)
 
 
-def _event_message(w: Wire, _now: datetime) -> str:
+def _event_text(w: Wire, _now: datetime) -> str:
+    """The message on one line (-o wide: its count has a column of its own)."""
+    return " ".join(str(w["spec"].get("message", "")).split())
+
+
+def _event_message(w: Wire, now: datetime) -> str:
     count = w["spec"].get("count", 1)
-    message = str(w["spec"].get("message", ""))
+    message = _event_text(w, now)
     return f"{message} (x{count})" if count > 1 else message
 
 
@@ -239,12 +297,12 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
         ],
         [
             ("NODE", field("status", "node")),
-            ("GPU-IDS", field("status", "gpus")),
+            ("GPU-IDS", _gpu_ids("status", "gpus")),
             ("ATTEMPTS", field("status", "attempts", default="0")),
             ("EXIT", field("status", "exitCode")),
             ("POS", _pending(field("status", "queuePosition"))),
             ("ETA", _pending(_job_eta)),
-            ("REASON", field("status", "reason")),
+            ("REASON", _job_reason),
         ],
     ),
     "Sweep": (
@@ -290,9 +348,7 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
         ],
         [
             ("JOBS/GPU", field("spec", "maxJobsPerGPU")),  # none: as many as fractions allow
-            ("FRACTIONS", field("spec", "allowFractions", default="True")),
-            ("PREEMPTION", field("spec", "preemption", default="True")),
-            ("BACKFILL", field("spec", "backfill", default="False")),
+            ("ALLOWS", _pool_allows),
             ("SELECTOR", _pool_selector),
         ],
     ),
@@ -318,7 +374,7 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             _NAME,
             ("JOB", field("spec", "jobName")),
             ("NODE", field("spec", "node")),
-            ("GPUS", field("spec", "gpus")),
+            ("GPUS", _gpu_ids("spec", "gpus")),
             ("PHASE", field("status", "phase")),
             _AGE,
         ],
@@ -330,7 +386,7 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             ("TYPE", field("spec", "type")),
             ("REASON", field("spec", "reason")),
             ("OBJECT", _event_object),
-            ("MESSAGE", _event_message),
+            ("MESSAGE", _event_message),  # FREE_TEXT: last even in -o wide
         ],
         [("SOURCE", field("spec", "source")), ("COUNT", field("spec", "count"))],
     ),
@@ -369,7 +425,7 @@ def _gpu_util(row: Wire, _now: datetime) -> str:
 _JOBS_WIDTH = 24  # names past this show as +N, so that a shared GPU's row fits 100 columns
 
 
-def _gpu_jobs(row: Wire, _now: datetime) -> str:
+def _gpu_holders(row: Wire) -> list[str]:
     names = []
     for holder in row["jobs"]:
         name = holder["name"]
@@ -377,6 +433,16 @@ def _gpu_jobs(row: Wire, _now: datetime) -> str:
             name = f"{holder['namespace']}/{name}"
         share = float(holder["share"])
         names.append(f"{name}({share:g})" if 0 < share < 1 else name)
+    return names
+
+
+def _gpu_all_jobs(row: Wire, _now: datetime) -> str:
+    """-o wide: every job on the GPU."""
+    return ",".join(_gpu_holders(row)) or NONE
+
+
+def _gpu_jobs(row: Wire, _now: datetime) -> str:
+    names = _gpu_holders(row)
     shown = names[:1]
     for name in names[1:]:
         rest = len(names) - len(shown) - 1
@@ -415,6 +481,13 @@ COLUMNS[GPU_VIEW] = (
     ],
     [("UUID", field("uuid")), ("OTHER-PIDS", _gpu_other_pids)],
 )
+
+FREE_TEXT = "MESSAGE"  # a column printed last, as kubectl's `get events` does: it gives way
+# Cells that -o wide shows whole, in place of what the plain table shortens.
+WIDE_CELLS: dict[tuple[str, str], Callable[[Wire, datetime], str]] = {
+    ("Event", FREE_TEXT): _event_text,  # its count has a column there
+    (GPU_VIEW, "JOBS"): _gpu_all_jobs,
+}
 
 
 def labels(w: Wire, _now: datetime) -> str:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, queue, selector
-from gctl.cli import printers, views
+from gctl.cli import fitting, printers, views
 from gctl.store import listing, locations
 
 if TYPE_CHECKING:
@@ -196,7 +196,11 @@ def _print_pages(
     """A table printed page by page as it is read, as kubectl prints chunks: the first page
     fixes the column widths, later rows follow them."""
     table = printers.Table(
-        info.kind, False, namespaces=info.namespaced and where is None, show_labels=show_labels
+        info.kind,
+        False,
+        namespaces=info.namespaced and where is None,
+        show_labels=show_labels,
+        width=fitting.screen_width(sys.stdout),
     )
     printed = False
     for page in pages:
@@ -286,6 +290,7 @@ def _get_kind(
             output == "wide",
             namespaces=info.namespaced and where is None,
             show_labels=show_labels,
+            width=fitting.screen_width(sys.stdout),
         )
     following = watch or watch_only
     if table is not None:
@@ -397,10 +402,10 @@ def _describe_kind(
         events = [reader.events_for(cls.model_validate(wire)) for wire in wires]
         if info is kinds.JOB and any(queue.queued(w) for w in wires):
             _number_queue(wires, reader.pending_wires())
-        now = datetime.now(UTC)
+        now, width = datetime.now(UTC), fitting.screen_width(sys.stdout)
         chain = describing.Chain(reader)  # each namespace's Jobs and Sweeps, read once
         texts = [
-            describing.render(w, found, now, describing.related(reader, w, chain))
+            describing.render(w, found, now, describing.related(reader, w, chain, width), width)
             for w, found in zip(wires, events, strict=True)
         ]
     sys.stdout.write("\n\n".join(texts))

@@ -1,6 +1,9 @@
 """`gctl describe`: an object as a person reads it, like kubectl describe.
 
-Spec and status print as an indented tree with Title Case keys; conditions and events as tables.
+Spec and status print as an indented tree with Title Case keys, but for the keys a user chose
+(labels, annotations and node labels as `k=v`, env and matrix keys as written); conditions and
+events as tables. A value or message longer than the line wraps below itself, within the
+terminal's width (100 columns through a pipe).
 """
 
 import re
@@ -9,13 +12,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import event
-from gctl.cli import cells
+from gctl.cli import cells, fitting
 
 if TYPE_CHECKING:
     from gctl.store import store
 
 _WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _ACRONYMS = {"Gpu": "GPU", "Gpus": "GPUs", "Uid": "UID", "Ttl": "TTL", "Id": "ID"}
+_LABEL_MAPS = frozenset({"labels", "annotations", "nodeLabels"})  # printed `k=v,...`
+_USER_KEYS = frozenset({"env", "matrix"})  # maps whose keys print as written
 
 
 def title(key: str) -> str:
@@ -24,45 +29,59 @@ def title(key: str) -> str:
     return " ".join(_ACRONYMS.get(w.capitalize(), w[:1].upper() + w[1:]) for w in words)
 
 
-def _tree(value: Any, indent: int) -> list[str]:
+def _tree(value: Any, indent: int, width: int, *, as_written: bool = False) -> list[str]:
+    """`as_written`: the keys are the user's (an env, a matrix), printed as they are."""
     pad = "  " * indent
     lines: list[str] = []
     if isinstance(value, dict):
-        width = max((len(title(k)) for k in value), default=0) + 2
+        names = {key: key if as_written else title(key) for key in value}
+        column = max((len(name) for name in names.values()), default=0) + 2
         for key, item in value.items():
-            label = f"{title(key)}:"
-            if isinstance(item, dict) and item:
+            label = f"{names[key]}:"
+            if isinstance(item, dict) and item and key not in _LABEL_MAPS:
                 lines.append(f"{pad}{label}")
-                lines.extend(_tree(item, indent + 1))
+                lines.extend(_tree(item, indent + 1, width, as_written=key in _USER_KEYS))
             elif isinstance(item, list) and item and any(isinstance(i, dict) for i in item):
                 lines.append(f"{pad}{label}")
                 for element in item:
-                    lines.extend(_tree(element, indent + 1))
+                    lines.extend(_tree(element, indent + 1, width))
                     lines.append("")
             else:
-                lines.append(f"{pad}{label.ljust(width)}{_scalar(item)}")
+                lines.extend(_wrapped(f"{pad}{label.ljust(column)}", _scalar(item), width))
     else:
-        lines.append(f"{pad}{_scalar(value)}")
+        lines.extend(_wrapped(pad, _scalar(value), width))
     return lines
+
+
+def _wrapped(prefix: str, text: str, width: int) -> list[str]:
+    """`prefix` then `text`, wrapped below itself to fit `width` columns."""
+    first, *more = fitting.wrap(text, fitting.room(width, len(prefix)))
+    return [f"{prefix}{first}", *(" " * len(prefix) + line for line in more)]
 
 
 def _scalar(value: Any) -> str:
     if isinstance(value, list):
         return shlex.join(str(v) for v in value) if value else cells.NONE
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items()) or cells.NONE
+    if isinstance(value, dict):  # labels: sorted, as `get --show-labels` and kubectl print them
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or cells.NONE
     if value is None or value == "":
         return cells.NONE
     return str(value)
 
 
-def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) for i in range(len(headers))]
+def _table(
+    headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = fitting.WIDTH
+) -> list[str]:
+    """Columns two spaces apart; the last (a message) wraps below itself to fit `width`."""
+    *leading, _ = range(len(headers))
+    widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) for i in leading]
     rule = ["-" * len(h) for h in headers]
-    return [
-        indent + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
-        for row in [headers, rule, *rows]
-    ]
+    lines = []
+    for row in [headers, rule, *rows]:
+        head = indent + "".join(cell.ljust(widths[i]) + "  " for i, cell in enumerate(row[:-1]))
+        first, *more = _wrapped(head, row[-1], width)
+        lines.extend([first.rstrip(), *more])
+    return lines
 
 
 def render(
@@ -70,8 +89,10 @@ def render(
     events: list[event.Event],
     now: datetime,
     related: list[str] | None = None,
+    width: int = fitting.WIDTH,
 ) -> str:
-    """`related`: sections on other objects (a chain of dependencies, a Sweep's Jobs)."""
+    """`related`: sections on other objects (a chain of dependencies, a Sweep's Jobs);
+    `width`: the terminal's, which long values and messages wrap to fit."""
     metadata = wire["metadata"]
     created = metadata.get("creationTimestamp")
     head = {
@@ -91,14 +112,16 @@ def render(
         del head["Namespace"]
     if wire["kind"] == "Job":
         head |= _queue(wire, now) | _rerun(wire, now)
-    lines = [f"{key + ':':<14}{_scalar(value)}" for key, value in head.items()]
+    lines = []
+    for key, value in head.items():
+        lines.extend(_wrapped(f"{key + ':':<14}", _scalar(value), width))
     lines.append("Spec:")
-    lines.extend(_tree(wire["spec"], 1))
+    lines.extend(_tree(wire["spec"], 1, width))
     status = dict(wire["status"])
     conditions = status.pop("conditions", [])
     status.pop("members", None)  # an ApplySet's, shown as a table of their own (`related`)
     lines.append("Status:")
-    lines.extend(_tree(status, 1) if status else ["  " + cells.NONE])
+    lines.extend(_tree(status, 1, width) if status else ["  " + cells.NONE])
     lines.append("Conditions:" if conditions else f"Conditions:   {cells.NONE}")
     if conditions:
         rows = [
@@ -111,12 +134,12 @@ def render(
             ]
             for c in conditions
         ]
-        lines.extend(_table(["Type", "Status", "Reason", "Age", "Message"], rows))
+        lines.extend(_table(["Type", "Status", "Reason", "Age", "Message"], rows, width=width))
     lines.extend(related or [])
     lines.append("Events:" if events else f"Events:       {cells.NONE}")
     if events:
         rows = [_event_row(e, now) for e in events]
-        lines.extend(_table(["Type", "Reason", "Age", "From", "Message"], rows))
+        lines.extend(_table(["Type", "Reason", "Age", "From", "Message"], rows, width=width))
     return "\n".join(lines) + "\n"
 
 
@@ -209,10 +232,15 @@ class _Namespace:
                 )
 
 
-def related(reader: "store.Store", wire: dict[str, Any], chain: Chain | None = None) -> list[str]:
+def related(
+    reader: "store.Store",
+    wire: dict[str, Any],
+    chain: Chain | None = None,
+    width: int = fitting.WIDTH,
+) -> list[str]:
     """What `describe` shows beside a Job or Sweep: who owns it, what it depends on and its
     phase, what depends on it, and a Sweep's Jobs with their phases. `chain`: the namespaces
-    read already, shared by the objects of one command."""
+    read already, shared by the objects of one command; `width`: the terminal's."""
     kind = wire["kind"]
     if kind == "ApplySet":  # its members, a Job's with its phase
         from gctl.cli import syncing
@@ -227,11 +255,12 @@ def related(reader: "store.Store", wire: dict[str, Any], chain: Chain | None = N
     if owners:
         lines.append(f"{'Owned By:':<14}" + ", ".join(f"{o['kind']}/{o['name']}" for o in owners))
     rows = [_chain_row(d, known.phases) for d in _depends(wire)]
-    lines.extend(_section("Depends On:", ["Name", "Kind", "Phase"], rows))
-    lines.extend(_section("Needed By:", ["Name", "Kind", "Phase"], known.needed_by.get(name, [])))
+    lines.extend(_section("Depends On:", ["Name", "Kind", "Phase"], rows, width))
+    needed = known.needed_by.get(name, [])
+    lines.extend(_section("Needed By:", ["Name", "Kind", "Phase"], needed, width))
     if kind == "Sweep":
         jobs = known.sweep_jobs.get(name, [])
-        lines.extend(_section("Jobs:", ["Name", "Phase", "Point"], jobs, always=True))
+        lines.extend(_section("Jobs:", ["Name", "Phase", "Point"], jobs, width, always=True))
     return lines
 
 
@@ -262,9 +291,9 @@ def _chain_row(name: str, phases: dict[tuple[str, str], str]) -> list[str]:
 
 
 def _section(
-    heading: str, headers: list[str], rows: list[list[str]], *, always: bool = False
+    heading: str, headers: list[str], rows: list[list[str]], width: int, *, always: bool = False
 ) -> list[str]:
     """A table under a heading; nothing at all when empty, unless `always`."""
     if not rows:
         return [f"{heading:<14}{cells.NONE}"] if always else []
-    return [heading, *_table(headers, rows)]
+    return [heading, *_table(headers, rows, width=width)]

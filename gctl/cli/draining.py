@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors
-from gctl.cli import following, views
+from gctl.cli import cells, following, views
 
 if TYPE_CHECKING:
     from gctl.api import node
@@ -96,17 +96,8 @@ def _names(nodes: Iterable[str]) -> str:
 
 
 def span(indices: Iterable[int]) -> str:
-    """`[0, 1, 2, 3, 6]` -> `0-3,6`."""
-    parts: list[str] = []
-    run: list[int] = []
-    for index in sorted(set(indices)):
-        if run and index != run[-1] + 1:
-            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-            run = []
-        run.append(index)
-    if run:
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(parts)
+    """`[0, 1, 2, 3, 6]` -> `0-3,6`: a set of GPUs, in order."""
+    return cells.index_ranges(sorted(set(indices)))
 
 
 def resolve(targets: list[Target], nodes: dict[str, node.Node]) -> list[Target]:

@@ -1,7 +1,9 @@
 """How objects are printed: kubectl-style tables, and -o yaml | json | name.
 
 Printers work on wire dicts (as stored), never on validated models: `gctl get` over thousands
-of objects must not pay for validation. What each table's columns show is in `cells`.
+of objects must not pay for validation. What each table's columns show is in `cells`. A plain
+table fits the terminal (100 columns through a pipe: `fitting`) by cutting or wrapping its
+last column, free text; -o wide cuts nothing, as kubectl's.
 """
 
 import json
@@ -11,39 +13,63 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gctl.api import kinds
-from gctl.cli import cells
+from gctl.cli import cells, fitting
 
 Wire = dict[str, Any]
+_GAP = "   "  # between columns, as kubectl's
 
 
 class Table:
     """Columns padded with three spaces, as kubectl prints them. Widths are fixed by the first
-    batch, so rows printed later by a watch line up with it."""
+    batch, so rows printed later by a watch line up with it.
 
-    def __init__(self, kind: str, wide: bool, namespaces: bool, show_labels: bool) -> None:
+    A plain table fits `width` columns by what its last column shows: a message is cut (-o
+    wide and describe show it whole), labels wrap onto lines of their own below it; the cells
+    before it, which say what the row is, are never touched. -o wide cuts nothing."""
+
+    def __init__(
+        self,
+        kind: str,
+        wide: bool,
+        namespaces: bool,
+        show_labels: bool,
+        width: int = fitting.WIDTH,
+    ) -> None:
         base, extra = cells.COLUMNS[kind]
-        self.columns = list(base) + (extra if wide else [])
+        columns = list(base) + (extra if wide else [])
+        if wide:
+            columns = [(t, cells.WIDE_CELLS.get((kind, t), read)) for t, read in columns]
         if namespaces:
-            self.columns.insert(0, ("NAMESPACE", cells.field("metadata", "namespace")))
+            columns.insert(0, ("NAMESPACE", cells.field("metadata", "namespace")))
         if show_labels:
-            self.columns.append(("LABELS", cells.labels))
+            columns.append(("LABELS", cells.labels))
+        self.columns = sorted(columns, key=lambda column: column[0] == cells.FREE_TEXT)
+        self.width = None if wide else width
         self.widths: list[int] | None = None
 
     def lines(self, wires: Sequence[Wire], now: datetime, header: bool) -> list[str]:
-        cells = [[read(w, now) for _, read in self.columns] for w in wires]
+        grid = [[read(w, now) for _, read in self.columns] for w in wires]
         titles = [title for title, _ in self.columns]
         if self.widths is None:
             self.widths = [
-                max([len(titles[i])] + [len(row[i]) for row in cells]) for i in range(len(titles))
+                max([len(titles[i])] + [len(row[i]) for row in grid]) for i in range(len(titles))
             ]
-        rows = ([titles] if header else []) + cells
         last = len(self.widths) - 1
-        return [
-            "   ".join(
-                cell if i == last else cell.ljust(self.widths[i]) for i, cell in enumerate(row)
-            ).rstrip()
-            for row in rows
-        ]
+        start = sum(self.widths[:last]) + len(_GAP) * last  # the last column's
+        lines = []
+        for row in [titles, *grid] if header else grid:
+            head = "".join(cell.ljust(self.widths[i]) + _GAP for i, cell in enumerate(row[:last]))
+            first, *more = self._fit(titles[last], row[last], start)
+            lines.append((head + first).rstrip())
+            lines.extend(" " * start + piece for piece in more)
+        return lines
+
+    def _fit(self, title: str, cell: str, start: int) -> list[str]:
+        """The last cell in what the line leaves it: labels wrapped, anything else cut."""
+        if self.width is None:
+            return [cell]
+        room = fitting.room(self.width, start)
+        return fitting.wrap(cell, room) if title == "LABELS" else [fitting.cut(cell, room)]
 
 
 def ref(w: Wire) -> str:

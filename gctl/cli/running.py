@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, selector
-from gctl.cli import cells, following, printers, views
+from gctl.cli import cells, fitting, following, printers, views
 
 if TYPE_CHECKING:
     from gctl.api import binding, job
@@ -523,5 +523,6 @@ def get_gpus(
     if not rows:
         print("No resources found.", file=sys.stderr)
         return
-    table = printers.Table(cells.GPU_VIEW, output == "wide", namespaces=False, show_labels=False)
+    wide, width = output == "wide", fitting.screen_width(sys.stdout)
+    table = printers.Table(cells.GPU_VIEW, wide, namespaces=False, show_labels=False, width=width)
     printers.print_objects(rows, output, table, single=False)

@@ -418,3 +418,22 @@ def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Databas
     listed = yaml.safe_load(gctl.ok("get", "gpus", "-o", "yaml"))
     assert listed[0]["foreignProcesses"] == [{"pid": 4242, "usedMemory": 3 * 2**30}]
     assert listed[1]["model"] == "NVIDIA A100-SXM4-80GB"
+
+
+@SQLITE_ONLY
+def test_wide_gpus_list_every_job_on_a_shared_gpu(gctl: Gctl, database: db.Database) -> None:
+    """The plain table keeps JOBS narrow with `+N`; -o wide has the room to name them all."""
+    bindings = [
+        make_binding(name, "gpu-node-01", [0], share=0.25, pid=100 + i)
+        for i, name in enumerate(["eval-a", "eval-b", "eval-c"])
+    ]
+    with database.write() as session:
+        store.Store(session).create_many([_node("gpu-node-01", [_gpu(0, 30)]), *bindings])
+
+    plain = gctl.ok("get", "gpus").splitlines()
+    wide = gctl.ok("get", "gpus", "-o", "wide").splitlines()
+
+    jobs = plain[0].split().index("JOBS")
+    assert plain[1].split()[jobs] == "eval-a(0.25),+2"
+    assert wide[0].split()[jobs] == "JOBS"
+    assert wide[1].split()[jobs] == "eval-a(0.25),eval-b(0.25),eval-c(0.25)"

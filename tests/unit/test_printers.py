@@ -331,3 +331,194 @@ def test_profile_description_is_cut_to_fit() -> None:
     lines = table.lines([profile], NOW, header=True)
     assert all(len(line) <= 100 for line in lines)
     assert lines[1].endswith("...")
+
+
+# -- fitting 100 columns -------------------------------------------------------------------
+
+from gctl.cli import describe, fitting  # noqa: E402
+
+FAILED = (
+    "attempt 1 failed: [Errno 2] No such file or directory: "
+    "'/opt/conda/envs/llama-finetune/bin/torchrun'; backoffLimit 0 reached"
+)
+SWEEP_JOB = "lr-search-batch128-lr0-001"  # as the example sweep names its Jobs
+
+
+def _event(obj: str, reason: str, message: str, count: int = 1) -> dict[str, Any]:
+    seen = (NOW - timedelta(seconds=30)).isoformat()
+    return {
+        "kind": "Event",
+        "metadata": {"name": f"{obj}.1", "namespace": "default", "creationTimestamp": seen},
+        "spec": {
+            "type": "Warning",
+            "reason": reason,
+            "message": message,
+            "count": count,
+            "source": "controller/jobs",
+            "involvedObject": {"kind": "Job", "name": obj},
+        },
+    }
+
+
+def test_event_messages_are_cut_to_fit_and_keep_their_count() -> None:
+    events = [
+        _event(SWEEP_JOB, "BackoffLimitExceeded", FAILED),
+        _event(SWEEP_JOB, "BackoffLimitExceeded", FAILED, count=3),
+        _event("hello", "Started", "attempt 1 started"),
+    ]
+    table = printers.Table("Event", wide=False, namespaces=False, show_labels=False)
+
+    header, cut, counted, short = table.lines(events, NOW, header=True)
+
+    assert header.split()[-1] == "MESSAGE"
+    assert [len(cut), len(counted)] == [100, 100]
+    assert cut.endswith("...")
+    assert counted.endswith("... (x3)")
+    assert cut.split()[:4] == ["30s", "Warning", "BackoffLimitExceeded", f"job/{SWEEP_JOB}"]
+    assert short.endswith("   attempt 1 started")
+    on_a_wide_terminal = printers.Table("Event", False, False, False, width=240)
+    assert on_a_wide_terminal.lines(events, NOW, header=False)[0].endswith(FAILED)
+
+
+def test_wide_events_print_the_message_whole_and_last() -> None:
+    table = printers.Table("Event", wide=True, namespaces=False, show_labels=False)
+
+    header, row = table.lines([_event("train", "BackoffLimitExceeded", FAILED, 3)], NOW, True)
+
+    assert header.split()[-3:] == ["SOURCE", "COUNT", "MESSAGE"]
+    assert row.endswith(f"controller/jobs   3       {FAILED}")  # the count said once
+
+
+def test_labels_wrap_below_their_column() -> None:
+    job = _job(SWEEP_JOB, phase="Succeeded", resources={"gpus": 0.5})
+    job["metadata"]["labels"] = {"gctl/sweep": "lr-search", "team": "demo", "stage": "tune"}  # type: ignore[index]
+    table = printers.Table("Job", wide=False, namespaces=False, show_labels=True)
+
+    header, *rows = table.lines([job], NOW, header=True)
+
+    start = header.index("LABELS")
+    assert all(len(line) <= 100 for line in rows)
+    assert len(rows) > 1
+    assert all(not line[:start].strip() for line in rows[1:])  # the lines below the cell
+    assert ",".join(line[start:] for line in rows) == "gctl/sweep=lr-search,stage=tune,team=demo"
+
+
+@pytest.mark.parametrize(
+    ("text", "room", "lines"),
+    [
+        ("attempt 1 bound to vm, GPUs [0]", 22, ["attempt 1 bound to vm,", "GPUs [0]"]),
+        ("gctl/sweep=lr-search,team=demo", 20, ["gctl/sweep=lr-search", "team=demo"]),
+        ("batch=128,lr=0.001", 40, ["batch=128,lr=0.001"]),
+        ("x" * 25, 10, ["x" * 10, "x" * 10, "x" * 5]),
+        ("two\nlines", 20, ["two lines"]),
+        ("", 20, [""]),
+    ],
+)
+def test_wrap(text: str, room: int, lines: list[str]) -> None:
+    assert fitting.wrap(text, room) == lines
+
+
+@pytest.mark.parametrize(
+    ("indices", "text"),
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], "0-7"),
+        ([1, 2], "1-2"),  # as `gctl drain` writes them
+        ([0, 1, 2, 5], "0-2,5"),
+        ([3, 1], "3,1"),  # the order CUDA_VISIBLE_DEVICES gets them in
+        ([4], "4"),
+    ],
+)
+def test_gpu_indices_are_written_short(indices: list[int], text: str) -> None:
+    assert cells.index_ranges(indices) == text
+    job = _job("train", phase="Running")
+    job["status"] = {"phase": "Running", "gpus": indices}
+    header, row = printers.Table("Job", True, False, False).lines([job], NOW, header=True)
+    assert row.split()[header.split().index("GPU-IDS")] == text
+
+
+def test_wide_jobs_say_why_a_job_waits() -> None:
+    unschedulable = _job("huge")
+    unschedulable["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "Scheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    waiting = _job("eval")
+    waiting["status"] = {
+        "phase": "Pending",
+        "reason": "WaitingForDependencies",
+        "conditions": [{"type": "Scheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    table = printers.Table("Job", wide=True, namespaces=False, show_labels=False)
+
+    lines = table.lines([unschedulable, waiting, _job("new")], NOW, header=False)
+
+    assert [line.split()[-1] for line in lines] == [
+        "Unschedulable",
+        "WaitingForDependencies",  # the Job's own reason comes first
+        "<none>",
+    ]
+
+
+def test_wide_pools_say_what_they_allow_in_one_column() -> None:
+    pools = [
+        {"kind": "GPUPool", "metadata": {"name": "default"}, "spec": {}, "status": {}},
+        {
+            "kind": "GPUPool",
+            "metadata": {"name": "batch"},
+            "spec": {"allowFractions": False, "preemption": False, "backfill": True},
+            "status": {},
+        },
+        {
+            "kind": "GPUPool",
+            "metadata": {"name": "exclusive"},
+            "spec": {"allowFractions": False, "preemption": False},
+            "status": {},
+        },
+    ]
+    table = printers.Table("GPUPool", wide=True, namespaces=False, show_labels=False)
+
+    header, *rows = table.lines(pools, NOW, header=True)
+
+    allows = header.split().index("ALLOWS")
+    assert [row.split()[allows] for row in rows] == ["fractions,preemption", "backfill", "<none>"]
+
+
+def test_describe_wraps_long_messages_and_keeps_the_users_keys() -> None:
+    wire = {
+        "apiVersion": "gctl/v1",
+        "kind": "GPUPool",
+        "metadata": {"name": "a100", "labels": {"site": "lab"}},
+        "spec": {"selector": {"nodeLabels": {"gpu": "a100", "rack": "r1"}}},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "NoNodes", "message": FAILED * 2}
+            ]
+        },
+    }
+
+    lines = describe.render(wire, [], NOW).splitlines()
+
+    assert max(len(line) for line in lines) <= 100
+    assert any(line.split() == ["Node", "Labels:", "gpu=a100,rack=r1"] for line in lines)
+    message = lines.index(next(line for line in lines if line.strip().startswith("Ready")))
+    column = lines[message - 2].index("Message")
+    wrapped = [lines[message][column:]]
+    wrapped += [line[column:] for line in lines[message + 1 :] if not line[:column].strip()]
+    assert " ".join(wrapped) == FAILED * 2
+
+
+def test_the_width_is_the_terminals_and_100_through_a_pipe() -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    read_end, write_end = os.pipe()
+    with open(follower, "w") as terminal, open(write_end, "w") as pipe:
+        assert fitting.screen_width(terminal) == 160
+        assert fitting.screen_width(pipe) == 100
+    os.close(leader)
+    os.close(read_end)
