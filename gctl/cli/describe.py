@@ -17,7 +17,9 @@ from gctl.cli import cells, fitting
 if TYPE_CHECKING:
     from gctl.store import store
 
-_WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+# Before a capital after a lowercase letter or digit, and before the last capital of a run
+# followed by a lowercase letter: `enforceGPUMemory` -> `enforce GPU Memory`.
+_WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _ACRONYMS = {"Gpu": "GPU", "Gpus": "GPUs", "Uid": "UID", "Ttl": "TTL", "Id": "ID"}
 _LABEL_MAPS = frozenset({"labels", "annotations", "nodeLabels"})  # printed `k=v,...`
 _USER_KEYS = frozenset({"env", "matrix"})  # maps whose keys print as written

@@ -1,10 +1,11 @@
 """kubectl-style ages and tables."""
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from gctl.cli import cells, printers
+from gctl.cli import cells, describe, fitting, printers, views
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -67,10 +68,6 @@ def test_watch_rows_keep_the_first_widths() -> None:
 
 
 # -- views: GPU and node states, pools -------------------------------------------------------
-
-from typing import Any  # noqa: E402
-
-from gctl.cli import views  # noqa: E402
 
 
 def _node(
@@ -335,8 +332,6 @@ def test_profile_description_is_cut_to_fit() -> None:
 
 # -- fitting 100 columns -------------------------------------------------------------------
 
-from gctl.cli import describe, fitting  # noqa: E402
-
 FAILED = (
     "attempt 1 failed: [Errno 2] No such file or directory: "
     "'/opt/conda/envs/llama-finetune/bin/torchrun'; backoffLimit 0 reached"
@@ -522,3 +517,17 @@ def test_the_width_is_the_terminals_and_100_through_a_pipe() -> None:
         assert fitting.screen_width(pipe) == 100
     os.close(leader)
     os.close(read_end)
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [
+        ("ttlSecondsAfterFinished", "TTL Seconds After Finished"),
+        ("enforceGPUMemory", "Enforce GPU Memory"),
+        ("jobUID", "Job UID"),
+        ("gpuEnv", "GPU Env"),
+        ("maxJobsPerGPU", "Max Jobs Per GPU"),
+    ],
+)
+def test_describe_titles_split_words_and_keep_acronyms(key: str, shown: str) -> None:
+    assert describe.title(key) == shown
