@@ -6,6 +6,7 @@ the object and the field path, so the CLI can print it as it is.
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,7 +268,10 @@ def _path(loc: tuple[int | str, ...]) -> str:
 def _message(raw: str) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         raw = raw.removeprefix(prefix)
-    return raw.replace("Input should be", "must be")
+    raw = raw.replace("Input should be", "must be")
+    # pydantic's "List should have at least 1 item after validation, not 0"
+    raw = re.sub(r"^(List|Dictionary) should have", "must have", raw)
+    return raw.replace(" after validation", "")
 
 
 def load(

@@ -137,7 +137,10 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
         ),
         ("{template: {spec: {command: x}}}", "(found: none)"),
         ("{items: [a, a], template: {spec: {command: x}}}", "spec.items: lists 'a' twice"),
-        ("{items: [], template: {spec: {command: x}}}", "spec.items: List should have at least"),
+        (
+            "{items: [], template: {spec: {command: x}}}",
+            "spec.items: must have at least 1 item, not 0",
+        ),
         ("{matrix: {item: [1]}, template: {spec: {command: x}}}", "spec.matrix: item: a param"),
         ("{matrix: {lr: []}, template: {spec: {command: x}}}", "lr: list at least one value"),
         (
