@@ -36,7 +36,8 @@ def reconcile(
     j = writer.find(job.Job, name, namespace)
     if j is None:
         return None
-    return _reconcile(writer, j, writer.bindings_of(j.metadata.uid or ""), now, backoff_base)
+    attempts = writer.bindings_of(j.metadata.uid or "")
+    return _reconcile(writer, j, attempts, now, backoff_base, finder=cycles.Finder(writer))
 
 
 def reconcile_many(
@@ -55,6 +56,7 @@ def reconcile_many(
     uids = [j.metadata.uid or "" for j in found.values()]
     attempts = writer.bindings_of_many(uids)
     writer.prefetch_events(uids)
+    finder = cycles.Finder(writer)  # what the pass reads of dependsOn, read once
     due = {}
     with writer.batched():  # their status writes and events, one statement per kind
         for key in keys:
@@ -62,7 +64,7 @@ def reconcile_many(
             if j is None:
                 continue
             its = attempts.get(j.metadata.uid or "", [])
-            when = _reconcile(writer, j, its, now, backoff_base)
+            when = _reconcile(writer, j, its, now, backoff_base, finder=finder)
             if when is not None:
                 due[key] = when
     return due
@@ -74,6 +76,8 @@ def _reconcile(
     attempts: list[binding.Binding],
     now: datetime,
     backoff_base: timedelta,
+    *,
+    finder: cycles.Finder,
 ) -> datetime | None:
     active = next((b for b in attempts if b.status.phase in binding.ACTIVE_PHASES), None)
     if j.metadata.deletion_timestamp is not None:
@@ -100,7 +104,7 @@ def _reconcile(
         return None
     if j.status.phase in job.FINISHED_PHASES:
         return _expire(writer, j, now)
-    return _check_pending(writer, j, now)
+    return _check_pending(writer, j, now, finder)
 
 
 def untouched_when_created(wire: dict[str, Any]) -> bool:
@@ -427,7 +431,9 @@ def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
     return None
 
 
-def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
+def _check_pending(
+    writer: store.Store, j: job.Job, now: datetime, finder: cycles.Finder
+) -> datetime | None:
     """A Pending Job: say why it waits (suspended, dependencies), or fail a broken chain or a
     cycle."""
     changed = False
@@ -445,7 +451,7 @@ def _check_pending(writer: store.Store, j: job.Job, now: datetime) -> datetime |
     decided = sweep.verdict(found)
     # On a cycle it would wait for ever: it fails, and so does each Job of the cycle in turn
     # (a failed one still counts as on it), whichever the controller looked at first.
-    if decided.state != "ready" and (loop := cycles.cycle(writer, j)) is not None:
+    if decided.state != "ready" and (loop := finder.cycle(j)) is not None:
         why = f"dependsOn makes a cycle: {loop}"
         _finish(writer, j, "Failed", job.REASON_DEPENDENCY_CYCLE, why, now=now)
         return None

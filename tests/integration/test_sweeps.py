@@ -5,6 +5,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy
+
 from controller import jobs, scheduling, sweeps
 from gctl.api import binding, job, meta, sweep
 from gctl.store import db, store
@@ -334,6 +336,34 @@ def test_each_job_of_a_dependency_cycle_fails_naming_the_cycle(database: db.Data
         job.REASON_DEPENDENCY_FAILED,
         "dependency a failed",
     )
+
+
+def test_one_pass_reads_a_long_chain_once_and_finds_the_cycle_beside_it(
+    database: db.Database,
+) -> None:
+    """300 pending Jobs, each waiting on the one before, and a cycle, reconciled in one pass:
+    each name is read once in the pass (a walk per Job that read the whole chain above it made
+    about 45,000 statements here, and 500,000 for 1,000 Jobs)."""
+    chain = [_waits_for(f"step-{i:03d}", f"step-{i - 1:03d}") for i in range(1, 300)]
+    _create(database, make_job("step-000").build(), *chain)
+    _create(database, _waits_for("a", "b"), _waits_for("b", "a"))
+    statements = [0]
+
+    def count(*_: Any) -> None:
+        statements[0] += 1
+
+    keys = [("default", j.name) for j in chain] + [("default", "a"), ("default", "b")]
+    sqlalchemy.event.listen(database.engine, "before_cursor_execute", count)
+    try:
+        store.transact(database, lambda w: jobs.reconcile_many(w, keys, T0))
+    finally:
+        sqlalchemy.event.remove(database.engine, "before_cursor_execute", count)
+    assert statements[0] < 10 * len(keys)
+    assert _cycle_failure(database, "a")[0] == job.REASON_DEPENDENCY_CYCLE
+    assert _cycle_failure(database, "b")[0] == job.REASON_DEPENDENCY_CYCLE
+    with database.read() as session:
+        last = store.Store(session).get(job.Job, "step-299", "default")
+    assert (last.status.phase, last.status.reason) == ("Pending", job.REASON_WAITING_DEPENDENCIES)
 
 
 def test_a_cycle_closed_by_a_later_apply_fails_both_jobs(database: db.Database) -> None:
