@@ -235,6 +235,9 @@ def get(
     groups = _resource_and_names(resource, names)
     if len(groups) > 1 and (watch or watch_only):
         raise errors.Invalid("watch one kind at a time")
+    if len(groups) > 1 and output in ("yaml", "json"):
+        _get_documents(groups, output, namespace, db_url)
+        return
     failed = 0
     for number, (info, group) in enumerate(groups):
         if number and output in ("", "wide"):
@@ -256,6 +259,29 @@ def get(
             failed = exc.code if isinstance(exc.code, int) else 1
     if failed:
         raise SystemExit(failed)
+
+
+def _get_documents(
+    groups: list[tuple[kinds.KindInfo, list[str]]],
+    output: str,
+    namespace: str | None,
+    db_url: str | None,
+) -> None:
+    """Objects of several kinds, by name, as one List (as kubectl prints them): one document
+    that tools can read, then a line for each name not found."""
+    wires: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for info, group in groups:
+        where = _where(info, namespace, False)
+        found = _list(db_url, info, where, group).wires
+        wires.extend(found)
+        have = {w["metadata"]["name"] for w in found}
+        missing.extend(_not_found(info, name, where) for name in group if name not in have)
+    printers.print_objects(wires, output, None, single=False)
+    for line in missing:
+        print(f"error: {line}", file=sys.stderr)
+    if missing:
+        raise SystemExit(1)
 
 
 def _get_kind(

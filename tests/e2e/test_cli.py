@@ -306,6 +306,22 @@ def test_get_of_several_kinds_prints_a_table_for_each(gctl: Gctl, database: db.D
     assert [row[0] for row in table(pools)[1]] == ["default"]
 
 
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_get_of_several_kinds_as_a_document_is_one_list(
+    gctl: Gctl, database: db.Database, output: str
+) -> None:
+    seed(database, EXAMPLES)
+
+    out = gctl.ok("get", "job/hello", "gpupool/default", "-o", output)
+
+    document = json.loads(out) if output == "json" else yaml.safe_load(out)
+    assert document["kind"] == "List"
+    assert [(i["kind"], i["metadata"]["name"]) for i in document["items"]] == [
+        ("Job", "hello"),
+        ("GPUPool", "default"),
+    ]
+
+
 @pytest.mark.parametrize(
     "argv",
     [["jobs", "hello", "job/eval-a"], ["job/hello", "eval-a"]],
