@@ -201,8 +201,10 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
         raise errors.Invalid(f"{where}: {prefix}{field}: {exc}") from None
     if not cls.NAMESPACED:
         obj.metadata.namespace = None
+    # A name in dependsOn is a Job first, then a Sweep: a Sweep naming itself may mean a Job
+    # of that name, so it is `load`'s to judge, with every object of the apply at hand.
     for field, needed in obj.waits_for():
-        if needed == obj.name:
+        if needed == obj.name and obj.KIND == dependencies.JOB:
             raise errors.Invalid(
                 f"{where}: {prefix}{field}: names this {kind} itself: it would wait for "
                 f"itself for ever; remove {needed!r}"

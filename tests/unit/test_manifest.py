@@ -114,14 +114,6 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         (_job("{command: x, env: {1A: b}}"), "spec.env.1A:"),
         (_job("{command: x, dependsOn: [a, a]}"), "spec.dependsOn: names a Job twice"),
         (_job("{command: x, dependsOn: [a, h]}"), 'Job "h"): spec.dependsOn[1]: names this Job'),
-        (
-            _sweep("{items: [a], dependsOn: [s], template: {spec: {command: x}}}"),
-            'Sweep "s"): spec.dependsOn[0]: names this Sweep itself',
-        ),
-        (
-            _sweep("{items: [a], template: {spec: {command: x, dependsOn: [s]}}}"),
-            "spec.template.spec.dependsOn[0]: names this Sweep itself",
-        ),
         (_job("{command: x, placement: {gpus: [0, 1]}}"), "spec.placement: gpus lists 2"),
         (_job("{command: x, backoffLimit: -1}"), "spec.backoffLimit:"),
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
@@ -211,6 +203,25 @@ def test_a_cycle_made_in_one_apply_is_refused(tmp_path: Path) -> None:
         "ml/a -> ml/c -> ml/b -> ml/a, so none of it could ever start: remove one of these "
         "dependsOn"
     )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "{items: [a], dependsOn: [s], template: {spec: {command: x}}}",
+        "{items: [a], template: {spec: {command: x, dependsOn: [s]}}}",
+    ],
+)
+def test_a_sweep_naming_itself_is_refused_unless_a_job_has_that_name(
+    tmp_path: Path, spec: str
+) -> None:
+    """A name in dependsOn is a Job first, then a Sweep: beside a Job `s`, it is that Job."""
+    (tmp_path / "s.yaml").write_text(_sweep(spec, "s"))
+    with pytest.raises(errors.Invalid, match=r'\(Sweep "s"\): spec.*dependsOn\[0\]: makes a'):
+        manifest.load([str(tmp_path)], recursive=False, namespace="default")
+    (tmp_path / "j.yaml").write_text(_job("{command: x}", name="s"))
+    loaded = manifest.load([str(tmp_path)], recursive=False, namespace="default")
+    assert sorted(m.obj.KIND for m in loaded) == ["Job", "Sweep"]
 
 
 def test_a_cycle_through_a_sweep_in_one_apply_is_refused(tmp_path: Path) -> None:
