@@ -151,7 +151,9 @@ def easy_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> f
     limits) that knows every job's run time, for reference: as `fifo_makespan`, but the first
     waiting job that does not fit reserves the node where it could start soonest, and a later
     job may use that node only if it ends by then. gctl reserves the same way, but without run
-    times it cannot backfill a reserved node; so this is a clairvoyant version of its policy."""
+    times it cannot backfill a reserved node; so this is a clairvoyant version of its policy.
+    A later job may also use the reserved node's GPUs that the reserved job will not need when
+    it starts, however long it runs (EASY's "extra" resources)."""
     return _list_schedule(jobs, nodes, gpus_per_node, reserve=True)
 
 
@@ -178,21 +180,28 @@ def _list_schedule(
             waiting.append(ordered[index])
             index += 1
         left = []
-        held: tuple[float, int] | None = None  # the reservation: (its start, its node)
+        held: list[float] | None = None  # the reservation: its start, its node, GPUs to spare
         for j in waiting:
             fits = [
                 n
                 for n in range(nodes)
                 if free[n] >= j.gpus - EPSILON
-                and (held is None or n != held[1] or now + j.duration <= held[0])
+                and (
+                    held is None
+                    or n != held[1]
+                    or now + j.duration <= held[0]
+                    or j.gpus <= held[2] + EPSILON
+                )
             ]
             if not fits:
                 left.append(j)
                 if reserve and held is None:
-                    held = _soonest_start(j.gpus, free, running, now)
+                    held = list(_soonest_start(j.gpus, free, running, now))
                 continue
             where = min(fits, key=lambda n: free[n])
             free[where] -= j.gpus
+            if held is not None and where == held[1] and now + j.duration > held[0]:
+                held[2] -= j.gpus  # it outlasts the reservation's start: on the GPUs to spare
             heapq.heappush(running, (now + j.duration, where, j.gpus))
         waiting = left
     return last - ordered[0].submit
@@ -200,21 +209,22 @@ def _list_schedule(
 
 def _soonest_start(
     gpus: float, free: list[float], running: list[tuple[float, int, float]], now: float
-) -> tuple[float, int]:
+) -> tuple[float, int, float]:
     """When and where a job of `gpus` could start soonest as the running jobs end (then the
-    node with the most GPUs free now, then the first)."""
-    best: tuple[float, float, int] | None = None
+    node with the most GPUs free now, then the first), and how many GPUs that node will have
+    to spare then: jobs that outlast the start may use those (EASY's "extra" resources)."""
+    best: tuple[float, float, int, float] | None = None
     for node, free_now in enumerate(free):
         available, start = free_now, now
         for finish, _, used in sorted(r for r in running if r[1] == node):
             if available >= gpus - EPSILON:
                 break
             available, start = available + used, finish
-        candidate = (start, -free_now, node)
+        candidate = (start, -free_now, node, available - gpus)
         if best is None or candidate < best:
             best = candidate
     assert best is not None  # fit() keeps every job within one node
-    return best[0], best[2]
+    return best[0], best[2], best[3]
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

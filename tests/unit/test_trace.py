@@ -118,7 +118,17 @@ def test_the_easy_reservation_is_where_the_job_could_start_soonest() -> None:
     # a job of 2 GPUs ends at 20. Running: (finish, node, gpus).
     running = [(50.0, 0, 2.0), (30.0, 0, 1.0), (20.0, 1, 2.0)]
     free = [1.0, 2.0]
-    assert trace._soonest_start(4, free, running, now=5) == (20, 1)
-    assert trace._soonest_start(2, free, running, now=5) == (5, 1)  # fits node 1 now
-    assert trace._soonest_start(1, free, running, now=5) == (5, 1)  # both now: most free
-    assert trace._soonest_start(2, [1.0, 0.0], running, now=5) == (20, 1)  # 30 on node 0
+    # (start, node, GPUs to spare on it then)
+    assert trace._soonest_start(4, free, running, now=5) == (20, 1, 0)
+    assert trace._soonest_start(2, free, running, now=5) == (5, 1, 0)  # fits node 1 now
+    assert trace._soonest_start(1, free, running, now=5) == (5, 1, 1)  # both now: most free
+    assert trace._soonest_start(2, [1.0, 0.0], running, now=5) == (20, 1, 0)  # 30 on node 0
+
+
+def test_the_easy_reference_lets_a_long_job_use_the_gpus_the_reserved_one_will_not_need() -> None:
+    jobs = [
+        trace.TraceJob("a", 0, 100, 4),
+        trace.TraceJob("b", 0, 10, 6),  # waits for a: reserves the node from 100, 2 to spare
+        trace.TraceJob("d", 0, 1000, 2),  # outlasts 100, but on those 2: it starts at once
+    ]
+    assert trace.easy_makespan(jobs, nodes=1, gpus_per_node=8) == 1000
