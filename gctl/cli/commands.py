@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -216,45 +217,36 @@ def _print_pages(
         _no_resources(info, where)
 
 
-def get(
-    *,
-    resource: str,
-    names: list[str],
-    output: str,
-    selector_text: str | None,
-    namespace: str | None,
-    all_namespaces: bool,
-    watch: bool,
-    watch_only: bool,
-    show_labels: bool,
-    db_url: str | None,
-) -> None:
+@dataclass(frozen=True)
+class GetFlags:
+    """How `gctl get` lists each kind it is asked for: its flags."""
+
+    output: str
+    selector_text: str | None
+    namespace: str | None
+    all_namespaces: bool
+    watch: bool
+    watch_only: bool
+    show_labels: bool
+    db_url: str | None
+
+
+def get(*, resource: str, names: list[str], flags: GetFlags) -> None:
     """`gctl get`: each kind named in turn, a blank line between their tables (as kubectl);
     a name not found fails the command once every kind is printed."""
-    _check_output(output)
+    _check_output(flags.output)
     groups = _resource_and_names(resource, names)
-    if len(groups) > 1 and (watch or watch_only):
+    if len(groups) > 1 and (flags.watch or flags.watch_only):
         raise errors.Invalid("watch one kind at a time")
-    if len(groups) > 1 and output in ("yaml", "json"):
-        _get_documents(groups, output, namespace, db_url)
+    if len(groups) > 1 and flags.output in ("yaml", "json"):
+        _get_documents(groups, flags.output, flags.namespace, flags.db_url)
         return
     failed = 0
     for number, (info, group) in enumerate(groups):
-        if number and output in ("", "wide"):
+        if number and flags.output in ("", "wide"):
             sys.stdout.write("\n")
         try:
-            _get_kind(
-                info,
-                group,
-                output=output,
-                selector_text=selector_text,
-                namespace=namespace,
-                all_namespaces=all_namespaces,
-                watch=watch,
-                watch_only=watch_only,
-                show_labels=show_labels,
-                db_url=db_url,
-            )
+            _get_kind(info, group, flags)
         except SystemExit as exc:  # some names not found: said, go on with the next kind
             failed = exc.code if isinstance(exc.code, int) else 1
     if failed:
@@ -284,25 +276,16 @@ def _get_documents(
         raise SystemExit(1)
 
 
-def _get_kind(
-    info: kinds.KindInfo,
-    names: list[str],
-    *,
-    output: str,
-    selector_text: str | None,
-    namespace: str | None,
-    all_namespaces: bool,
-    watch: bool,
-    watch_only: bool,
-    show_labels: bool,
-    db_url: str | None,
-) -> None:
-    label_selector = selector.parse(selector_text) if selector_text else None
-    where = _where(info, namespace, all_namespaces)
-    if output == "" and not names and not (watch or watch_only) and info is kinds.JOB:
+def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
+    output, db_url = flags.output, flags.db_url
+    following = flags.watch or flags.watch_only
+    text = flags.selector_text
+    label_selector = selector.parse(text) if text else None
+    where = _where(info, flags.namespace, flags.all_namespaces)
+    if output == "" and not names and not following and info is kinds.JOB:
         pages = listing.read_pages(locations.resolve_url(db_url), info, where)
         if pages is not None:
-            _print_pages(pages, label_selector, info, where, show_labels)
+            _print_pages(pages, label_selector, info, where, flags.show_labels)
             return
     snapshot = _list(db_url, info, where, names or None)
     wires = snapshot.wires
@@ -315,10 +298,9 @@ def _get_kind(
             info.kind,
             output == "wide",
             namespaces=info.namespaced and where is None,
-            show_labels=show_labels,
+            show_labels=flags.show_labels,
             width=fitting.screen_width(sys.stdout),
         )
-    following = watch or watch_only
     if table is not None:
         if info is kinds.JOB and output == "wide":
             whole = where is None and not names and label_selector is None
@@ -326,7 +308,7 @@ def _get_kind(
         if info is kinds.GPUPOOL and not names and label_selector is None:
             wires = views.with_implicit_default(wires)
         wires = _with_views(db_url, info.kind, wires)
-    if not watch_only:
+    if not flags.watch_only:
         if wires or (output in ("yaml", "json") and not names):
             # Like kubectl: -o yaml|json of nothing is an empty List, which tools can read.
             printers.print_objects(wires, output, table, single=len(names) == 1)

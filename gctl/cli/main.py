@@ -226,9 +226,7 @@ def get(
         return
     from gctl.cli import commands
 
-    commands.get(
-        resource=resource,
-        names=names or [],
+    flags = commands.GetFlags(
         output=output,
         selector_text=selector,
         namespace=namespace,
@@ -238,6 +236,7 @@ def get(
         show_labels=show_labels,
         db_url=db,
     )
+    commands.get(resource=resource, names=names or [], flags=flags)
 
 
 @app.command()
