@@ -5,7 +5,7 @@ for its Jobs and they wait for what the Sweep and its template name, so here a S
 its Jobs need. Jobs on a cycle wait for each other for ever; no one of them can start.
 
 Pure: `gctl apply` looks for cycles among the objects of one apply (gctl.api.manifest), the Job
-controller for the one a pending Job is in among the stored objects (controller.dependencies).
+controller for the one a pending Job is in among the stored objects (controller.cycles).
 Plain data, no pydantic: apply's fast path loads no more than it needs.
 """
 
@@ -88,8 +88,20 @@ def cycle_in(graph: Mapping[str, Waiter], order: Sequence[str]) -> list[str] | N
     return [*ring, ring[0]]
 
 
-def _any_cycle(graph: Mapping[str, Waiter], order: Iterable[str]) -> list[str] | None:
-    done: set[str] = set()
+def leads_to_no_cycle(graph: Mapping[str, Waiter], names: Iterable[str], done: set[str]) -> bool:
+    """Whether no cycle can be reached from any of `names`. `done` gathers the names known to
+    lead to none, so that calls over one graph walk each name once between them."""
+    names = list(names)
+    _any_cycle(graph, names, done)
+    return all(name in done or not _followed(graph.get(name)) for name in names)
+
+
+def _any_cycle(
+    graph: Mapping[str, Waiter], order: Iterable[str], done: set[str] | None = None
+) -> list[str] | None:
+    """The first cycle a depth-first walk from `order` meets; `done` gathers the names it
+    finished, from which no cycle can be reached."""
+    done = set() if done is None else done
     for root in order:
         if root in done or not _followed(graph.get(root)):
             continue
