@@ -129,7 +129,7 @@ def replay(
             raise rig.fail(f"replay: {done} of {len(jobs)} jobs finished after {timeout:.0f} s")
         records = _records(rig.database, origin, scale)
     return dataclasses.replace(
-        trace.metrics(records, total, bound),
+        trace.metrics(records, total, bound, start=0.0),  # `origin`: the submissions began
         fifo_makespan=trace.fifo_makespan(jobs, nodes, gpus_per_node),
         easy_makespan=trace.easy_makespan(jobs, nodes, gpus_per_node),
     )

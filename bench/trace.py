@@ -233,11 +233,16 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def metrics(records: Sequence[Record], total_gpus: int, bound: float) -> Metrics:
-    """Makespan, completion times, queueing delays and GPU utilization of a replay."""
+def metrics(
+    records: Sequence[Record], total_gpus: int, bound: float, start: float | None = None
+) -> Metrics:
+    """Makespan, completion times, queueing delays and GPU utilization of a replay. The
+    makespan counts from `start`, when the submissions began (by default the first one): the
+    bound counts from the first submission as the trace schedules it, and a replay creates
+    its first Job a moment after it began."""
     if not records:
         raise TraceError("no job was replayed")
-    first = min(r.submit for r in records)
+    first = min(r.submit for r in records) if start is None else start
     makespan = max(r.finish for r in records) - first
     jct = [r.finish - r.submit for r in records]
     waits = [r.start - r.submit for r in records]

@@ -91,6 +91,14 @@ def test_metrics_of_a_known_schedule() -> None:
     assert result.ratio == pytest.approx(32 / 26.25)
 
 
+def test_the_makespan_counts_from_when_the_submissions_began() -> None:
+    """A replay creates its first Job a moment after it began submitting; the bound counts
+    from the first submission as scheduled, so the makespan must too."""
+    records = [trace.Record(s + 0.2, b + 0.2, f + 0.2, g) for s, b, f, g in RUNS.values()]
+    assert trace.metrics(records, total_gpus=4, bound=26.25).makespan == pytest.approx(32)
+    assert trace.metrics(records, 4, 26.25, start=0.0).makespan == pytest.approx(32.2)
+
+
 def test_the_fifo_reference_backfills_and_packs_nodes(tmp_path: Path) -> None:
     jobs = trace.read_trace(write(tmp_path, TRACE))
     # One node of 4 GPUs: a and b start at 0 (3 GPUs); c (4) waits for both; d and e backfill
