@@ -1,12 +1,14 @@
 """`gctl get jobs` prints a long table page by page, from one snapshot, as kubectl prints chunks.
 
-The pages are read with keyset pagination over (namespace, name); these tests check that what is
-printed is the whole table, in order, once, whatever page boundaries it crossed.
+The pages are read from one SELECT in (namespace, name) order (a server-side cursor on
+PostgreSQL); these tests check that what is printed is the whole table, in order, once, whatever
+page boundaries it crossed, and that changes made while the pages are read do not show.
 """
 
 import pytest
 
-from gctl.store import db, listing, store
+from gctl.api import job
+from gctl.store import db, listing, locations, store
 from tests.builders import make_job
 from tests.conftest import Gctl
 
@@ -60,3 +62,20 @@ def test_a_selector_filters_every_page(gctl: Gctl) -> None:
     assert nothing.code == 0
     assert nothing.out == ""
     assert "No resources found" in nothing.err
+
+
+@pytest.mark.slow
+def test_the_pages_come_from_one_snapshot(db_url: str) -> None:
+    expected = _fill(db_url)
+    pages = listing.read_pages(locations.resolve_url(db_url), job.Job.INFO, None)
+    assert pages is not None
+    first = next(pages)
+    database = db.Database.open(db_url)  # meanwhile: one Job more, one fewer
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.create(make_job("zz-late").build())
+        writer.delete(job.Job, "j400", "default")
+    database.close()
+    read = [*first, *(w for page in pages for w in page)]
+    assert len(first) == listing.PAGE
+    assert [f"{w['metadata']['namespace']}/{w['metadata']['name']}" for w in read] == expected
