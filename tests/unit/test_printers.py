@@ -1,9 +1,11 @@
 """kubectl-style ages and tables."""
 
+import gc
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+import yaml
 
 from gctl.cli import cells, describe, fitting, printers, views
 
@@ -531,3 +533,35 @@ def test_the_width_is_the_terminals_and_100_through_a_pipe() -> None:
 )
 def test_describe_titles_split_words_and_keep_acronyms(key: str, shown: str) -> None:
     assert describe.title(key) == shown
+
+
+class _Probe:
+    """A value whose representer notes whether the cycle collector runs while it is dumped."""
+
+    seen: ClassVar[list[bool]] = []
+
+
+def _represent_probe(dumper: yaml.SafeDumper, _probe: _Probe) -> yaml.ScalarNode:
+    _Probe.seen.append(gc.isenabled())
+    return dumper.represent_str("probe")
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_yaml_is_dumped_with_the_cycle_collector_paused_and_left_as_found(
+    collecting: bool,
+) -> None:
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    yaml.add_representer(_Probe, _represent_probe, Dumper=dumper)
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    _Probe.seen.clear()
+    try:
+        assert printers.dump_yaml({"a": [1, _Probe()]}) == "a:\n- 1\n- probe\n"
+        assert _Probe.seen == [False]
+        assert gc.isenabled() is collecting
+        with pytest.raises(yaml.representer.RepresenterError):
+            printers.dump_yaml({"a": object()})
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+        del dumper.yaml_representers[_Probe]
