@@ -20,16 +20,14 @@ leaves binding ahead and telling waiting Jobs to the next pass too (`_starting`)
 makes due `FOLLOW_UP` after its own start rather than at once.
 """
 
-import gc
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controller import diagnosis, jobs, placement, reading
 from gctl.api import binding, job, meta
-from gctl.store import store
+from gctl.store import bulk, store
 
 SOURCE = "controller/scheduler"
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
@@ -100,23 +98,8 @@ def schedule(writer: store.Store, now: datetime, limits: Limits = LIMITS) -> dat
     """One pass; returns when the next one is due: `now` when work was left for it (`now +
     FOLLOW_UP` when the pass started Jobs and left the rest), else when the next back-off
     ends, if any."""
-    with _collector_paused():
+    with bulk.collector_paused():  # some hundred thousand objects over 10,000 pending Jobs
         return _pass(writer, now, limits)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A pass makes some hundred thousand short-lived objects (the queue as dicts), which set
-    off Python's cycle collector several times, each a walk over the whole heap: about 40 % of
-    a pass over 10,000 pending Jobs. They die by reference counting; the few cycles a pass
-    makes wait for it to end."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None:

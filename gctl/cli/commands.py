@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, queue, selector
 from gctl.cli import fitting, printers, views
-from gctl.store import listing, locations
+from gctl.store import bulk, listing, locations
 
 if TYPE_CHECKING:
     from gctl.api import manifest
@@ -51,7 +51,8 @@ def apply(
     _check_output(output)
     options = applying.set_options(applyset, prune, on_spec_change, files)
     wait_gone = applying.DeletionWait(timeout)  # what --force replaces, once started
-    manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
+    with bulk.collector_paused():
+        manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
     _check_namespace(manifests, namespace)
     url = locations.resolve_url(db_url)
     results = applying.apply_at(url, manifests, force, dry_run, options, wait_gone=wait_gone)
@@ -246,7 +247,11 @@ def get(*, resource: str, names: list[str], flags: GetFlags) -> None:
         if number and flags.output in ("", "wide"):
             sys.stdout.write("\n")
         try:
-            _get_kind(info, group, flags)
+            if flags.watch or flags.watch_only:
+                _get_kind(info, group, flags)
+            else:
+                with bulk.collector_paused():
+                    _get_kind(info, group, flags)
         except SystemExit as exc:  # some names not found: said, go on with the next kind
             failed = exc.code if isinstance(exc.code, int) else 1
     if failed:

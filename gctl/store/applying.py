@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from gctl.api import applyset, errors, job, kinds, manifest, meta
-from gctl.store import applysets, driver, listing
+from gctl.store import applysets, bulk, driver, listing
 
 if TYPE_CHECKING:  # SQLAlchemy's side: imported where the Store's path runs
     from gctl.store import db, store
@@ -485,16 +485,17 @@ def apply(
     from gctl.store import store
 
     if dry_run:
-        with database.read() as session:
+        with database.read() as session, bulk.collector_paused():
             actions = decide(store.Store(session), manifests, force, options)
         return [(a, a.desired) for a in actions]
     replacing: set[Key] = set()
     while True:
-        done = store.transact(
-            database,
-            lambda writer: apply_in(writer, manifests, force, options, replacing=replacing),
-            retry_on=(errors.Conflict, errors.AlreadyExists),
-        )
+        with bulk.collector_paused():  # not `wait_gone`'s wait below
+            done = store.transact(
+                database,
+                lambda writer: apply_in(writer, manifests, force, options, replacing=replacing),
+                retry_on=(errors.Conflict, errors.AlreadyExists),
+            )
         if not isinstance(done, Deleting):
             return done
         replacing.update(key_of(obj) for obj in done.objects)
@@ -529,7 +530,8 @@ def apply_at(
     one, writes every kind of change (replacing objects that finalizers hold with
     `wait_gone`'s help), applies sets, and says why a change is refused."""
     if options is None:
-        done = apply_through_driver(url, manifests, force, dry_run)
+        with bulk.collector_paused():
+            done = apply_through_driver(url, manifests, force, dry_run)
         if done is not None:
             return done
     from gctl.store import db
