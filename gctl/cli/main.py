@@ -517,19 +517,35 @@ def command() -> Any:
 
 
 def main() -> None:
-    """Run `gctl` with sys.argv: one line and a non-zero exit for every error a user can cause."""
+    """Run `gctl` with sys.argv: one line and a non-zero exit for every error a user can cause.
+
+    click's own errors (a missing argument, an unknown flag, a bad value) too: click would
+    print the usage and a box around the message; here they are one line naming the command,
+    exit 2 as click's. A command given no arguments that needs some prints its help, exit 2."""
+    from typer._click import exceptions as usage
+
     try:
         # The program's name, given: click would take a served command's from the server's
         # `python -m gctl.cli.cmdserver`.
-        command()(prog_name="gctl")
+        code = command()(prog_name="gctl", standalone_mode=False)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except usage.NoArgsIsHelpError as exc:  # the help is printed already
+        raise SystemExit(exc.exit_code) from None
+    except usage.ClickException as exc:
+        where = getattr(exc, "ctx", None)
+        hint = f" (see '{where.command_path} -h')" if where is not None else ""
+        fail(exc.format_message().rstrip(".") + hint, exc.exit_code)
+    except typer.Abort:
+        fail("aborted")
     except Exception as exc:
         from gctl.api import errors
 
         if isinstance(exc, errors.GctlError):
             fail(str(exc))
         raise
+    if isinstance(code, int) and code:  # `ctx.exit(N)`, which click returns unraised
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

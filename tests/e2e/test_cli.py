@@ -724,6 +724,13 @@ def test_bad_manifest_writes_nothing(
             "comments.yaml: no objects",
             id="only-comments",
         ),
+        # click's own usage errors: one line naming the command, not its usage in a box.
+        pytest.param(["logs"], "Missing argument 'job' (see 'gctl logs -h')", id="no-argument"),
+        pytest.param(["get", "jobs", "--bogus"], "No such option: --bogus", id="unknown-flag"),
+        pytest.param(
+            ["logs", "hello", "--attempt", "0"], "'--attempt': 0 is not in the range", id="range"
+        ),
+        pytest.param(["events"], "No such command 'events' (see 'gctl -h')", id="no-command"),
     ],
 )
 def test_bad_arguments_fail_in_one_line(
