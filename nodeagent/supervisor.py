@@ -144,6 +144,16 @@ def success_file_record(path: str | None, cwd: str | None, since_ns: int) -> dic
     return {"successFile": "Found" if written else "Missing", "successFilePath": full}
 
 
+def start_error(exc: OSError | ValueError, program: str, cwd: str | None) -> str:
+    """Why the job could not start, for its log: Popen's error names the working directory
+    when it was the chdir that failed, else the program."""
+    if not isinstance(exc, OSError):
+        return f"cannot start {program!r}: {exc}"
+    if cwd and exc.filename == cwd:
+        return f"cannot start in working directory {cwd!r}: {exc.strerror}"
+    return f"cannot start {program!r}: {exc.strerror}"
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
         os.killpg(pgid, sig)
@@ -467,8 +477,7 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
                 restore_signals=True,
             )
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the command
-            why = exc.strerror if isinstance(exc, OSError) else str(exc)
-            log.write(f"gctl: cannot start {spec['argv'][0]!r}: {why}\n".encode())
+            log.write(f"gctl: {start_error(exc, spec['argv'][0], spec.get('cwd'))}\n".encode())
             record(
                 attempt_dir,
                 EXIT,

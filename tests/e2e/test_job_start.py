@@ -8,6 +8,7 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,23 @@ def test_a_command_found_nowhere_cannot_start_and_says_so(
     state = run(node, "missing", ["no-such-tool-here"], armed=armed)
     assert (state.exit_code, state.reason) == (127, "StartError")
     assert state.message == "[Errno 2] No such file or directory: 'no-such-tool-here'"
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        pytest.param(lambda p: p / "none", "No such file or directory", id="missing"),
+        pytest.param(lambda p: tool(p, "file", "true"), "Not a directory", id="a-file"),
+    ],
+)
+def test_a_working_directory_that_cannot_be_entered_is_named_in_the_log(
+    node: runtime.Runtime, tmp_path: Path, armed: bool, make: Callable[[Path], Path], why: str
+) -> None:
+    cwd = str(make(tmp_path))
+    state = run(node, "cwd", ["echo", "hi"], cwd=cwd, armed=armed)
+    assert (state.exit_code, state.reason) == (127, "StartError")
+    assert cwd in (state.message or "")
+    assert output(node, "cwd") == f"gctl: cannot start in working directory {cwd!r}: {why}\n"
 
 
 def test_the_job_runs_in_its_working_directory_and_relative_commands_resolve_there(
