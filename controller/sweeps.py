@@ -232,7 +232,9 @@ def _report(
     now: datetime,
 ) -> None:
     """Write the counts, phase and conditions, if they changed. The generation is observed
-    only once its plan was written: with no files seen, the children wait for the next one."""
+    only once its plan was written: with no files seen, the children wait for the next one.
+    A problem that stops it (a name taken, no files) is told once, as a Warning event."""
+    told = (s.status.reason, s.status.message)
     phases = [mine[n]["status"].get("phase", "Pending") for n in names if n in mine]
     counted = sweep.progress(len(names), phases)
     status = s.status.model_copy(deep=True)
@@ -254,6 +256,8 @@ def _report(
         return
     s.status = status
     s = writer.update_status(s)
+    if problem is not None and problem != told:
+        writer.record_event(s, problem[0], problem[1], type_="Warning", source=SOURCE)
     if finished and before != counted.phase:
         writer.record_event(
             s,

@@ -176,10 +176,20 @@ def _view(key: str) -> Callable[[Wire, datetime], str]:
     return read
 
 
+# gctl.api.sweep's REASON_NAME_TAKEN and REASON_NO_FILES, written out: tables import no models.
+_SWEEP_PROBLEMS = frozenset({"NameTaken", "NoFilesMatched"})
+
+
 def _sweep_status(w: Wire, _now: datetime) -> str:
+    """The phase; a Pending Sweep that something stops shows why (NameTaken, NoFilesMatched),
+    as kubectl shows a waiting Pod's reason."""
     if w["metadata"].get("deletionTimestamp"):
         return "Terminating"
-    return str(w["status"].get("phase", "Pending"))
+    status = w["status"]
+    phase = str(status.get("phase", "Pending"))
+    if phase == "Pending" and status.get("reason") in _SWEEP_PROBLEMS:
+        return str(status["reason"])
+    return phase
 
 
 def _sweep_done(w: Wire, _now: datetime) -> str:

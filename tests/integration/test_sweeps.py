@@ -9,6 +9,7 @@ import sqlalchemy
 
 from controller import jobs, scheduling, sweeps
 from gctl.api import binding, job, meta, sweep
+from gctl.cli import printers
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node
 
@@ -197,6 +198,27 @@ def test_a_files_sweep_that_matches_nothing_says_so(database: db.Database) -> No
     assert found is not None
     assert found.status.reason == sweep.REASON_NO_FILES
     assert "controller" in (found.status.message or "")
+
+
+def test_a_name_taken_is_told_once_as_a_warning_and_shown_as_the_status(
+    database: db.Database,
+) -> None:
+    _create(database, _sweep("x", items=["y", "z"]), make_job("x-y").build())
+    _reconcile_sweep(database, "x")
+    _reconcile_sweep(database, "x")  # again: told once
+    found = _get_sweep(database, "x")
+    assert found is not None
+    assert (found.status.phase, found.status.reason) == ("Pending", sweep.REASON_NAME_TAKEN)
+    with database.read() as session:
+        told = store.Store(session).events_for(found)
+    warnings = [
+        (e.spec.type, e.spec.reason, e.spec.message) for e in told if e.spec.type == "Warning"
+    ]
+    message = "Job x-y exists and is not this Sweep's: delete or rename it"
+    assert warnings == [("Warning", sweep.REASON_NAME_TAKEN, message)]
+    table = printers.Table("Sweep", False, namespaces=False, show_labels=False)
+    header, row = (line.split() for line in table.lines([found.wire()], T0, header=True))
+    assert dict(zip(header, row, strict=True))["STATUS"] == "NameTaken"
 
 
 def test_a_sweep_finishes_succeeded_or_failed(database: db.Database) -> None:
