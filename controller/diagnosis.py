@@ -1,10 +1,10 @@
 """Why a Job waits: the checks a GPU fails, counted into messages like kube-scheduler's.
 
 A GPU's fixed filters (pool, pinned placement, Ready node, cordon or drain, model, size, the
-pool's thresholds) are the same for every request of one shape during a pass; `placement` asks
-them once per shape. A waiting Job's message counts, for each GPU, the first check it fails,
-most frequent first ("0/8 GPUs fit: 6 lack 40Gi free, 2 cordoned"). `gist` is what of such a
-message must change for a Job's status to be rewritten. Pure: no I/O.
+pool's thresholds) are the same for every request of one shape during a pass; the planner asks
+them once per shape (`capacity`). A waiting Job's message counts, for each GPU, the first check
+it fails, most frequent first ("0/8 GPUs fit: 6 lack 40Gi free, 2 cordoned"). `gist` is what of
+such a message must change for a Job's status to be rewritten. Pure: no I/O.
 """
 
 import functools

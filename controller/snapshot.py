@@ -3,8 +3,9 @@
 The snapshot (Nodes, GPUs, Pools and the Allocations that hold GPUs), a pending Job as a
 Request, and the Decisions of a Plan: plain frozen values, so tests build them by hand. Below
 them, the per-GPU state a pass keeps (`Slot`) and what it works out once per request shape
-(`Static`), shared by `placement`, `preemption` and `diagnosis`. `placement` offers the public
-names here as its own; import them from there.
+(`Static`), shared by the planner's modules (`placement` and the layers it is built on,
+`preemption`, `diagnosis`). `placement` offers the public names here as its own; import them
+from there.
 """
 
 from collections import Counter
