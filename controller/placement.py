@@ -239,7 +239,7 @@ class _Planner(ahead.BindingAhead):
         held = self._reserve(request, pool, chosen.slots, None)
         return snapshot.Waiting(chosen.message(), chosen.victims, held)
 
-    # -- 5. reserve, estimate and explain --------------------------------------------------------
+    # -- 6. reserve, estimate and explain --------------------------------------------------------
 
     def _estimate(
         self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
