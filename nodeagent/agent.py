@@ -381,8 +381,10 @@ class Agent:
     def _report(self, bound: binding.Binding, state: runtime.State) -> None:
         """Write what the host knows about an attempt into the Binding's status, if it moved
         (`reports.status_after`)."""
-        log_path = self.runtime.log_path(bound.namespace, bound.spec.job_name, bound.spec.attempt)
-        status = reports.status_after(bound, state, self.clock(), log_path)
+        uid = bound.metadata.uid or ""
+        status = reports.status_after(
+            bound, state, self.clock(), lambda: self.runtime.launched_log(uid)
+        )
         if status is not None and status != bound.status:
             self._reports.append(bound.model_copy(update={"status": status}))
 

@@ -48,7 +48,12 @@ def launch_for(
     wait_for: tuple[Path, ...] = (),
 ) -> runtime.Launch:
     """What to run for an attempt of `owner`; errors.Invalid if it cannot start here."""
-    for field, value in (("metadata.namespace", owner.namespace), ("metadata.name", owner.name)):
+    named = (
+        ("metadata.namespace", owner.namespace),
+        ("metadata.name", owner.name),
+        ("the Binding's spec.jobUID", bound.spec.job_uid),
+    )
+    for field, value in named:
         try:  # they name the log's directories: never a path outside the logs
             names.check_dns_label(value)
         except ValueError as exc:
@@ -74,7 +79,9 @@ def launch_for(
         argv=argv,
         env=env,
         cwd=owner.spec.working_dir,
-        log_path=attempts.log_path(owner.namespace, owner.name, bound.spec.attempt),
+        log_path=attempts.log_path(
+            owner.namespace, owner.name, bound.spec.job_uid, bound.spec.attempt
+        ),
         grace_seconds=settings.grace_seconds if grace is None else grace,
         lease_path=settings.lease_path,
         fence_seconds=settings.fence_seconds,

@@ -1,8 +1,8 @@
 """What the node agent reports of an attempt: the Binding status that says what its host knows
 of it (runtime.State), and how an exit is worded."""
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 from gctl.api import binding, job
 from nodeagent import runtime
@@ -11,15 +11,20 @@ REPORTED = frozenset({"running", "exited", "lost"})  # the states a Binding's st
 
 
 def status_after(
-    bound: binding.Binding, state: runtime.State, now: datetime, log_path: Path
+    bound: binding.Binding,
+    state: runtime.State,
+    now: datetime,
+    log_path: Callable[[], str | None],
 ) -> binding.BindingStatus | None:
     """The attempt's status once what its host knows is written into it; None when there is
     nothing to tell yet. Running is told once the supervisor wrote the job's pid, so a
-    Running attempt always has one."""
+    Running attempt always has one. `log_path` says where its supervisor writes the log
+    (None: nowhere, it was never launched here); asked only until the status holds one, which
+    then never changes."""
     if state.phase not in REPORTED or (state.phase == "running" and state.pid is None):
         return None
     status = bound.status.model_copy(deep=True)
-    status.log_path = str(log_path)
+    status.log_path = status.log_path or log_path()
     started = None if state.started is None else datetime.fromtimestamp(state.started, UTC)
     # An attempt that ended before a pass saw it running still started: say when.
     status.start_time = status.start_time or started

@@ -89,8 +89,19 @@ class Runtime:
         self._tidier.close()
         self._direct = [started for started in self._direct if started.poll() is None]
 
-    def log_path(self, namespace: str, job: str, attempt: int) -> Path:
-        return self.logs_dir / namespace / job / f"attempt-{attempt}.log"
+    def log_path(self, namespace: str, job: str, job_uid: str, attempt: int) -> Path:
+        """Where a new attempt's output goes: under the Job's uid as well as its name, so that
+        a Job deleted and created again under its name (a new uid) starts with no log, as a
+        Pod does, while a rerun's attempts (the same Job) sit beside each other."""
+        return self.logs_dir / namespace / job / job_uid / f"attempt-{attempt}.log"
+
+    def launched_log(self, uid: str) -> str | None:
+        """The log an attempt's supervisor writes, as its launch record names it (None: never
+        prepared here). What the agent reports, rather than `log_path` computed again: an
+        attempt launched by an agent of an earlier version writes where that one said."""
+        spec = supervisor.read_json(self.attempts_dir / uid / supervisor.SPEC)
+        path = spec.get("logPath") if spec else None
+        return path if isinstance(path, str) else None
 
     def lock_path(self, uid: str) -> Path:
         """The file an attempt's supervisor holds locked until the job's exit is recorded."""

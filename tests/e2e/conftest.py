@@ -91,7 +91,7 @@ def launch_script(
         argv=["bash", "-c", script],
         env=dict(os.environ),
         cwd=None,
-        log_path=node.log_path("default", uid, 1),
+        log_path=node.log_path("default", uid, "job-uid", 1),
         grace_seconds=2.0,
         lease_path=lease,
         fence_seconds=30.0 if lease else 0.0,

@@ -37,7 +37,7 @@ def launch(
             argv=argv,
             env=dict(os.environ) if env is None else env,
             cwd=cwd,
-            log_path=node.log_path("default", uid, 1),
+            log_path=node.log_path("default", uid, "job-uid", 1),
             grace_seconds=2.0,
             wait_for=tuple(node.lock_path(before) for before in after),
         )
@@ -76,7 +76,7 @@ def run(
 
 
 def output(node: runtime.Runtime, uid: str) -> str:
-    return node.log_path("default", uid, 1).read_text()
+    return node.log_path("default", uid, "job-uid", 1).read_text()
 
 
 def tool(directory: Path, name: str, body: str, *, executable: bool = True) -> Path:

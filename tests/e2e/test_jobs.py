@@ -300,10 +300,10 @@ def test_silent_node_has_its_jobs_retried_on_another(
     command = f"echo $GCTL_NODE >> {tmp_path}/nodes; test $GCTL_NODE = n2 || sleep 300"
     apply_job(gctl, "moved", command, placement={"gpus": [0]})
     wait_for(phase_is(gctl, "moved", "Running"), "moved to run on n1")
-    first = json.loads(gctl.ok("get", "binding", "moved-1", "-o", "json"))["status"]["pid"]
+    running = json.loads(gctl.ok("get", "binding", "moved-1", "-o", "json"))["status"]
+    first, fenced_log = running["pid"], Path(running["logPath"])
     cluster.kill("n1")  # n1 stops heartbeating; its supervisor fences the job after 2 s
     wait_for(lambda: not alive(first), "the silent node's job to be fenced", timeout=15)
-    fenced_log = tmp_path / "state-n1" / "logs" / "default" / "moved" / "attempt-1.log"
     assert "the node agent has been silent" in fenced_log.read_text()
     cluster.agent("n2", gpus=1)
     done = wait_for(phase_is(gctl, "moved", "Succeeded"), "moved to finish on n2", timeout=40)

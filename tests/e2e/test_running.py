@@ -222,6 +222,48 @@ def test_logs_of_each_attempt(gctl: Gctl, cluster: list[str], tmp_path: Path) ->
     )
 
 
+def test_a_job_created_again_under_its_name_starts_with_empty_logs(
+    gctl: Gctl, cluster: list[str]
+) -> None:
+    """Deleted and created again, a Job is a new one (a new uid), as a Pod is: its logs, read
+    or followed from before it starts, hold none of the old Job's output."""
+    gctl.ok("run", "--name", "same", "--", "echo", "first-run")
+    gctl.ok("wait", "job/same", "--for=condition=Complete", "--timeout=20s")
+    assert gctl.ok("logs", "same") == "first-run\n"
+    gctl.ok("delete", "job", "same")
+    apply_job(gctl, "same", command=["echo", "second-run"], suspend=True)
+    follower = gctl.popen("logs", "same", "-f")
+
+    apply_job(gctl, "same", command=["echo", "second-run"], suspend=False)
+    followed = finish(follower)
+    gctl.ok("wait", "job/same", "--for=condition=Complete", "--timeout=20s")
+
+    assert (followed.code, followed.out) == (0, "second-run\n"), followed.err
+    assert gctl.ok("logs", "same") == "second-run\n"
+    assert gctl.ok("logs", "same", "--attempt", "1") == "second-run\n"
+    assert gctl.ok("logs", "same", "-f") == "second-run\n"
+
+
+@SQLITE_ONLY
+def test_a_job_replaced_by_apply_force_shows_only_its_own_logs(
+    gctl: Gctl, cluster: list[str]
+) -> None:
+    """Each `apply --force` of a changed spec makes a new Job: `logs` shows its run alone, not
+    the runs of the Jobs it replaced."""
+    for run in (1, 2, 3):
+        document = {
+            "apiVersion": "gctl/v1",
+            "kind": "Job",
+            "metadata": {"name": "frc"},
+            "spec": {"command": ["echo", f"spec {run}"]},
+        }
+        out = gctl.ok("apply", "--force", "-f", "-", stdin=yaml.safe_dump(document))
+        assert out == ("job.gctl/frc created\n" if run == 1 else "job.gctl/frc replaced\n")
+        gctl.ok("wait", "job/frc", "--for=condition=Complete", "--timeout=20s")
+
+        assert gctl.ok("logs", "frc") == f"spec {run}\n"
+
+
 # -- run -------------------------------------------------------------------------------------
 
 

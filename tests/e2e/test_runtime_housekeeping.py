@@ -61,7 +61,7 @@ def test_a_forgotten_attempt_is_gone_at_once_and_removed_by_the_tidier(
     assert "done" not in node.known()
     assert node.state("done").phase == "absent"
     until(lambda: not any(trash.iterdir()), "the trash to be emptied")
-    assert node.log_path("default", "done", 1).exists()  # the log stays
+    assert node.log_path("default", "done", "job-uid", 1).exists()  # the log stays
 
 
 def test_what_a_killed_agent_left_in_the_trash_is_removed_at_start(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_a_supervisor_that_fails_before_the_job_starts_reports_its_error(
         argv=["true"],
         env={},
         cwd=None,
-        log_path=node.log_path("default", "broken", 1),
+        log_path=node.log_path("default", "broken", "job-uid", 1),
         grace_seconds=1.0,
     )
     node.prepare(launch)
@@ -105,4 +105,4 @@ def test_a_command_with_a_nul_byte_cannot_start_and_says_why(node: runtime.Runti
     state = node.state("nul")
     assert (state.exit_code, state.reason) == (127, "StartError")
     assert state.message == "embedded null byte"
-    assert "embedded null byte" in node.log_path("default", "nul", 1).read_text()
+    assert "embedded null byte" in node.log_path("default", "nul", "job-uid", 1).read_text()

@@ -53,7 +53,7 @@ def test_an_armed_marker_holds_only_its_own_supervisor_pid(tmp_path: Path) -> No
             argv=["true"],
             env={},
             cwd=None,
-            log_path=attempts.log_path("default", "next", 1),
+            log_path=attempts.log_path("default", "next", "job-uid", 1),
             grace_seconds=1.0,
             wait_for=(attempts.lock_path("before"),),
         )

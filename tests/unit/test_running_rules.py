@@ -73,17 +73,23 @@ def test_an_attempt_that_ends_while_its_state_is_read_is_not_lost(
 
 
 @pytest.mark.parametrize(
-    ("namespace", "name", "field"),
-    [("../../escape", "esc", "metadata.namespace"), ("default", "../up", "metadata.name")],
+    ("namespace", "name", "job_uid", "field"),
+    [
+        ("../../escape", "esc", "uid-esc", "metadata.namespace"),
+        ("default", "../up", "uid-up", "metadata.name"),
+        ("default", "up", "../../..", "spec.jobUID"),
+    ],
 )
 def test_a_job_whose_names_are_not_dns_labels_never_gets_a_log_path(
-    tmp_path: Path, namespace: str, name: str, field: str
+    tmp_path: Path, namespace: str, name: str, job_uid: str, field: str
 ) -> None:
-    """The names are the log's directories: a Job written to the database by anything that
-    skipped validation cannot make the agent write outside its logs."""
+    """The names and the Job's uid are the log's directories: a Job or Binding written to the
+    database by anything that skipped validation cannot make the agent write outside its
+    logs."""
     owner = make_job(name).build()
     owner.metadata.namespace = namespace
     bound = make_binding(name, "node-1", [0])
+    bound.spec.job_uid = job_uid
     node = runtime.Runtime(tmp_path / "state")
     settings = launches.Settings("node-1", 30.0, None, 0.0)
     try:
