@@ -217,7 +217,9 @@ def test_delete_stops_the_whole_process_group(cluster: Cluster, gctl: Gctl, tmp_
 def test_agent_killed_mid_job_learns_the_real_exit_code(
     cluster: Cluster, gctl: Gctl, tmp_path: Path
 ) -> None:
-    cluster.controller()
+    # The agent must come back before the node is lost (else the attempt is Lost and the Job
+    # runs again, as it should): on a loaded machine its restart alone took seconds.
+    cluster.controller(node_timeout=30)
     cluster.agent()
     go, ended = tmp_path / "go", tmp_path / "ended"
     apply_job(
