@@ -47,6 +47,10 @@ BATCH = 64  # binds written together (a pass checks its time limit between batch
 # meanwhile the agent starts those Jobs, which would otherwise share the CPU with it. An exit
 # or a new Job runs a pass sooner, as always.
 FOLLOW_UP = timedelta(milliseconds=50)
+# A Job that waits on what the GPUs report (memory held by processes outside gctl, a pool's
+# utilization or memory-used limit) is decided again this often: those readings change with
+# every heartbeat, which does not wake the controller (it would run a pass per heartbeat).
+METRICS_RECHECK = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
         (held if reading.waiting(w, now, succeeded) else eligible).append(w)
     complete = True
     budget = _Budget.of(limits)
+    on_metrics = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
     if eligible or writer.any_queued_bindings():
         world = reading.read_world(writer)
         by_key = {reading.key(w): w for w in eligible}
@@ -125,12 +130,29 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
         budget = _Budget.of(limits)  # the time limit counts from the first write
         _apply(writer, result.decisions, by_key, world, now, budget=budget)
         complete = result.complete
+        on_metrics = any(_waits_on_metrics(d, world.snapshot.pools) for d in result.decisions)
     _forget_queue(writer, held, budget)
     if complete and budget.follow_up:
         return now + FOLLOW_UP
     if not complete or budget.short:
         return now
-    return _next_retry(held, now)
+    due = _next_retry(held, now)
+    if on_metrics:
+        due = min(due or now + METRICS_RECHECK, now + METRICS_RECHECK)
+    return due
+
+
+def _waits_on_metrics(d: placement.Decision, pools: dict[str, placement.Pool]) -> bool:
+    """Whether a waiting Job may fit once a GPU reports less load: it asks for GPU memory
+    (processes outside gctl hold some), or its pool has utilization or memory-used limits."""
+    if d.placement is not None or d.reason != job.REASON_UNSCHEDULABLE:
+        return False
+    if d.request.gpu_memory is not None:
+        return True
+    rules = pools.get(d.request.pool)
+    return rules is not None and (
+        rules.max_utilization_percent is not None or rules.max_memory_used_percent is not None
+    )
 
 
 # -- 3. apply ----------------------------------------------------------------------------------

@@ -391,3 +391,71 @@ def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
     _schedule(database, T0 + timedelta(minutes=1))
     assert not reading.REQUESTS
     assert not scheduling._TOLD
+
+
+def _report_gpu(database: db.Database, name: str, **fields: Any) -> None:
+    """A heartbeat that changes GPU 0's readings only (which does not wake the controller)."""
+    with database.write() as session:
+        writer = store.Store(session)
+        found = writer.get(node.Node, name)
+        found.status.gpus[0] = found.status.gpus[0].model_copy(update=fields)
+        writer.update_status(found)
+
+
+def _in_pool(builder: Any, name: str) -> Any:
+    builder.spec["pool"] = name
+    return builder
+
+
+def _busy_pool(writer: store.Store) -> None:
+    spec = pool.GPUPoolSpec(max_utilization_percent=80)
+    writer.create(pool.GPUPool(metadata=meta.ObjectMeta(name="busy"), spec=spec))
+
+
+@pytest.mark.parametrize(
+    ("setup", "waiting", "busy", "freed"),
+    [
+        pytest.param(
+            lambda w: None,
+            make_job("fits-later").memory("40Gi"),
+            {"processes": [node.GPUProcess(pid=7, used_memory=70 * GI)]},
+            {"processes": []},
+            id="memory-held-outside-gctl",
+        ),
+        pytest.param(
+            _busy_pool,
+            _in_pool(make_job("fits-later"), "busy"),
+            {"utilization": 95},
+            {"utilization": 3},
+            id="pool-utilization-limit",
+        ),
+    ],
+)
+def test_a_job_waiting_on_gpu_readings_is_decided_again_until_they_drop(
+    database: db.Database, setup: Any, waiting: Any, busy: dict[str, Any], freed: dict[str, Any]
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        setup(writer)
+        writer.create(waiting.build())
+    _report_gpu(database, "n1", **busy)
+    due = _schedule(database)
+    assert _job(database, "fits-later").status.phase == "Pending"
+    assert due == T0 + scheduling.METRICS_RECHECK
+    _report_gpu(database, "n1", **freed)
+    _schedule(database, T0 + scheduling.METRICS_RECHECK)
+    assert _job(database, "fits-later").status.phase == "Scheduled"
+
+
+def test_a_job_waiting_only_for_gctl_jobs_is_not_decided_again_on_a_timer(
+    database: db.Database,
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        _without_binding_ahead(writer)
+        writer.create_many([make_job("first").build(), make_job("second").build()])
+    _settle(database)
+    assert _job(database, "second").status.phase == "Pending"
+    assert _schedule(database) is None  # an exit wakes the controller; nothing else can help
