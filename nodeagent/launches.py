@@ -11,14 +11,18 @@ from nodeagent import runtime
 
 
 def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
-    """What to exec: a string runs with /bin/sh -c, a lone `.sh` path with bash, `{gpus}` in an
-    argument becomes the GPU list, and condaEnv wraps it all in `conda run`."""
+    """What to exec: a lone `.sh` path (a one-element list, or a string of one word) with bash,
+    whether or not it is executable, as the schedulers gctl replaces ran their `.sh` jobs; any
+    other string with /bin/sh -c. `{gpus}` in an argument becomes the GPU list, and condaEnv
+    wraps it all in `conda run`."""
     if isinstance(spec.command, str):
-        argv = ["/bin/sh", "-c", spec.command.replace("{gpus}", gpu_list)]
+        command = spec.command.replace("{gpus}", gpu_list)
+        words = command.split()
+        argv = words if len(words) == 1 and _lone_script(words[0]) else ["/bin/sh", "-c", command]
     else:
         argv = [arg.replace("{gpus}", gpu_list) for arg in spec.command]
-        if len(argv) == 1 and argv[0].endswith(".sh"):
-            argv = ["bash", *argv]
+    if len(argv) == 1 and argv[0].endswith(".sh"):
+        argv = ["bash", *argv]
     if spec.conda_env:
         conda = shutil.which("conda")
         if conda is None:
@@ -27,6 +31,11 @@ def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
             )
         argv = [conda, "run", "-n", spec.conda_env, "--no-capture-output", *argv]
     return argv
+
+
+def _lone_script(word: str) -> bool:
+    """A `.sh` path and nothing the shell would read otherwise (quotes, `$`, globs ...)."""
+    return word.endswith(".sh") and all(c.isalnum() or c in "._-/+@%:,=" for c in word)
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ def launch_for(
     argv = command_argv(owner.spec, gpu_list)
     env = (
         dict(os.environ)
-        | owner.spec.env
+        | {name: value.replace("{gpus}", gpu_list) for name, value in owner.spec.env.items()}
         | {
             owner.spec.gpu_env: gpu_list,
             "GCTL_JOB_NAME": owner.name,

@@ -38,11 +38,37 @@ def test_exit_codes_read_like_a_shell(returncode: int, expected: tuple[int, str 
         ("echo on {gpus}", ["/bin/sh", "-c", "echo on 0,1"]),
         (["./run.sh"], ["bash", "./run.sh"]),
         (["./run.sh", "--fast"], ["./run.sh", "--fast"]),
+        # A string of one `.sh` path is that path too (it need not be executable).
+        ("./run.sh", ["bash", "./run.sh"]),
+        ("  /abs/run-{gpus}.sh ", ["bash", "/abs/run-0,1.sh"]),
+        ("./run.sh --fast", ["/bin/sh", "-c", "./run.sh --fast"]),
+        ("$HOME/run.sh", ["/bin/sh", "-c", "$HOME/run.sh"]),
+        ("run*.sh", ["/bin/sh", "-c", "run*.sh"]),
     ],
 )
 def test_command_argv(command: list[str] | str, argv: list[str]) -> None:
     spec = make_job("j").build().spec.model_copy(update={"command": command})
     assert launches.command_argv(spec, "0,1") == argv
+
+
+def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
+    owner = make_job("j").in_namespace("default").build()
+    owner.spec.env = {"MY_GPUS": "{gpus}", "DEVICES": "cuda:{gpus}", "PLAIN": "x"}
+    node = runtime.Runtime(tmp_path / "state")
+    try:
+        launch = launches.launch_for(
+            node,
+            launches.Settings("node-1", 30.0, None, 0.0),
+            make_binding("j", "n", [2, 3]),
+            owner,
+        )
+    finally:
+        node.close()
+    assert (launch.env["MY_GPUS"], launch.env["DEVICES"], launch.env["PLAIN"]) == (
+        "2,3",
+        "cuda:2,3",
+        "x",
+    )
 
 
 def test_conda_env_without_conda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
