@@ -7,6 +7,8 @@ workingDir is relative to it); each test gives the steps a work directory of its
 import itertools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,31 @@ def test_a_sweep_over_twenty_config_files_runs_twenty_jobs(gctl: Gctl, tmp_path:
     ]
     status = _sweep(gctl, "cfg")["status"]
     assert (status["succeeded"], status["total"], status["phase"]) == (20, 20, "Succeeded")
+
+
+def test_the_example_pipeline_run_again_without_eval_says_eval_was_skipped(
+    tmp_path: Path,
+) -> None:
+    """Its steps share $WORK from run to run: a run without eval must not report the last
+    run's evaluation."""
+
+    def step(*argv: str) -> None:
+        subprocess.run(
+            [sys.executable, *argv],
+            cwd=PIPELINE.parent,
+            env={**os.environ, "WORK": str(tmp_path)},
+            check=True,
+            capture_output=True,
+        )
+
+    for seed in ("1", "2", "3"):
+        step("train.py", "--seed", seed)
+    for script in ("merge.py", "eval.py", "collect.py"):
+        step(script)
+    assert (tmp_path / "report.txt").read_text().splitlines()[-1].startswith("eval: mse=")
+    for script in ("merge.py", "collect.py"):  # the same pipeline, eval left out
+        step(script)
+    assert (tmp_path / "report.txt").read_text().splitlines()[-1] == "eval: skipped"
 
 
 @pytest.mark.usefixtures("up")
