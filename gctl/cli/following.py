@@ -122,6 +122,13 @@ def started(attempt: binding.Binding) -> bool:
     return attempt.status.log_path is not None or attempt.status.phase in ENDED
 
 
+def log_here(attempt: binding.Binding) -> bool:
+    """Whether the attempt's log is on this machine: the agent makes its directory before it
+    reports the path, so a path whose directory is missing here was written on another host."""
+    path = attempt.status.log_path
+    return path is not None and Path(path).parent.is_dir()
+
+
 def show(
     database: db.Database,
     attempt: binding.Binding,
@@ -135,7 +142,7 @@ def show(
         why = attempt.status.message or attempt.status.reason or "no reason given"
         raise errors.NotFound(f"{where} ended before it started: {why}")
     path = Path(attempt.status.log_path)
-    if not path.parent.is_dir():  # the agent makes the directory before it reports the path
+    if not log_here(attempt):
         raise errors.NotFound(
             f"{where} ran on node {attempt.spec.node}: its log {path} is not on this machine; "
             f"run gctl logs on {attempt.spec.node}"

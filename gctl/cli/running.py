@@ -267,11 +267,25 @@ def _attach(database: db.Database, namespace: str, name: str, uid: str | None) -
                 step, view = following.await_view(database, view, _next_step(shown), stop)
                 if step.attempt is None:
                     return _exit_code(name, step)
-                if step.attempt.status.log_path is not None:
+                if following.log_here(step.attempt):
                     following.show(database, step.attempt, view.revision, True, stop)
+                elif step.attempt.status.log_path is not None:
+                    _elsewhere(step.attempt)
                 shown = step.attempt.spec.attempt
     except following.Interrupted:
         return _stop_attached(database, namespace, name, uid)
+
+
+def _elsewhere(attempt: binding.Binding) -> None:
+    """An attempt that runs on another host: its output stays there, the wait goes on (Ctrl-C
+    still deletes the Job), and the command still ends with the Job's exit code."""
+    node = attempt.spec.node
+    print(
+        f"attempt {attempt.spec.attempt} runs on node {node}: its output stays there (gctl "
+        f"logs {attempt.spec.job_name} on {node}); waiting for it to end",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _exit_code(name: str, finished: _Step) -> int:
