@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller import cycles, sweeps
-from gctl.api import binding, job, meta, sweep
+from gctl.api import binding, job, meta, quantity, sweep
 from gctl.store import store
 
 SOURCE = "controller/jobs"
@@ -200,7 +200,9 @@ def _follow_active(
     # With a stop warning, the stop is asked for that much earlier: the warning signal comes
     # first and SIGTERM lands at the deadline.
     early = j.spec.stop_warning.seconds if j.spec.stop_warning else 0
-    due = j.status.start_time + timedelta(seconds=max(0, deadline - early))
+    due = quantity.after(j.status.start_time, max(0, deadline - early))
+    if due is None:  # so far ahead that it never comes (stored before deadlines were limited)
+        return None
     if now >= due:
         _stop(writer, active, binding.STOP_DEADLINE)
         return None
@@ -424,7 +426,9 @@ def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
     ttl = j.spec.ttl_seconds_after_finished
     if ttl is None or j.status.completion_time is None:
         return None
-    due = j.status.completion_time + timedelta(seconds=ttl)
+    due = quantity.after(j.status.completion_time, ttl)
+    if due is None:  # so far ahead that it never comes (stored before TTLs were limited)
+        return None
     if now < due:
         return due
     writer.delete(job.Job, j.name, j.namespace)

@@ -187,8 +187,9 @@ def allocation_of(
         started = b.metadata.creation_timestamp
     ends = None
     first_bind = parse_time(status.get("startTime"))
-    if spec.get("activeDeadlineSeconds") and first_bind is not None:
-        ends = first_bind + timedelta(seconds=spec["activeDeadlineSeconds"])
+    deadline = deadline_of(spec)
+    if deadline is not None and first_bind is not None:
+        ends = first_bind + timedelta(seconds=deadline)
     elif (usual := run_times.get(command_key(spec.get("command")))) and started is not None:
         ends = started + usual
     return placement.Allocation(
@@ -207,6 +208,17 @@ def allocation_of(
         uid=b.metadata.uid or "",
         queued=binding.movable(b.spec, b.status),
     )
+
+
+def deadline_of(spec: Wire) -> int | None:
+    """A stored Job's activeDeadlineSeconds, if the plan can use it. One past the limit of
+    what apply accepts (stored by an older gctl, or written by hand) counts as no deadline
+    known: the plan adds deadlines to times, and up on its timeline, where such a one would
+    pass the last moment a datetime holds and fail every pass."""
+    value = spec.get("activeDeadlineSeconds")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 < value <= quantity.MAX_DURATION_SECONDS else None
 
 
 def key(w: Wire) -> Key:
@@ -292,7 +304,7 @@ def request_of(w: Wire, world: World) -> placement.Request:
     pinned = tuple(pinned_spec["gpus"]) if pinned_spec.get("gpus") is not None else None
     if pinned is not None and problem is None:
         problem = _pin_mismatch(pinned, float(gpus), wanted_profile)
-    deadline = spec.get("activeDeadlineSeconds")
+    deadline = deadline_of(spec)
     runtime = world.run_times.get(command_key(spec.get("command"))) if world.run_times else None
     return placement.Request(
         namespace=namespace,

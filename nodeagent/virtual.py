@@ -7,14 +7,14 @@ time and a pid (this process's own: nothing is executed), then Exited with an ex
 reason, or Exited with the stop reason when the controller asked for a stop. So the controller
 cannot tell a virtual node from a real one.
 
-A job's simulated run time is its annotation `gctl/simulated-duration` (seconds, a float;
-absent: 0, the job ends at once), divided by the agent's time scale; its exit code is
-`gctl/simulated-exit-code` (default 0). A stopped job dies at once as if by SIGTERM (exit code
-143): stop warnings and grace periods are not simulated. Timers live in a heap keyed on an
-injected monotonic clock; the loop sleeps until the next timer, heartbeat or feed wake-up, so
-an idle virtual agent uses no CPU. Each wake reads only the Bindings the feed named or whose
-timer fired (all of them at start, and after a failed write) and writes every report of the
-wake in one transaction.
+A job's simulated run time is its annotation `gctl/simulated-duration` (seconds, a float, at
+most a year; absent: 0, the job ends at once), divided by the agent's time scale (at most a
+year of real time); its exit code is `gctl/simulated-exit-code` (default 0). A stopped job
+dies at once as if by SIGTERM (exit code 143): stop warnings and grace periods are not
+simulated. Timers live in a heap keyed on an injected monotonic clock; the loop sleeps until
+the next timer, heartbeat or feed wake-up, so an idle virtual agent uses no CPU. Each wake
+reads only the Bindings the feed named or whose timer fired (all of them at start, and after a
+failed write) and writes every report of the wake in one transaction.
 """
 
 import heapq
@@ -102,6 +102,11 @@ def simulated_run(owner: job.Job) -> tuple[float, int]:
     if not 0 <= seconds < math.inf:  # NaN fails this too
         raise errors.Invalid(
             f"annotation {DURATION_ANNOTATION}: {seconds!r} is not a finite, non-negative number"
+        )
+    if seconds > quantity.MAX_DURATION_SECONDS:  # as for a deadline: a typo, or no end at all
+        raise errors.Invalid(
+            f"annotation {DURATION_ANNOTATION}: {seconds:g} is more than a year "
+            f"({quantity.MAX_DURATION_SECONDS} seconds)"
         )
     return float(seconds), int(code)
 
@@ -353,7 +358,9 @@ class VirtualAgent:
     def _schedule(
         self, bound: binding.Binding, started: datetime, seconds: float, code: int
     ) -> Simulated:
-        finish = started + timedelta(seconds=seconds / self.time_scale)
+        # At most a year of real time, however slow the time scale: an end in the calendar.
+        wall = min(seconds / self.time_scale, quantity.MAX_DURATION_SECONDS)
+        finish = started + timedelta(seconds=wall)
         due = self.monotonic() + (finish - self.clock()).total_seconds()
         sim = Simulated((bound.namespace, bound.name), started, finish, due, exit_code=code)
         self.sims[bound.metadata.uid or ""] = sim

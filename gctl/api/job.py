@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     Field,
     PlainSerializer,
@@ -78,8 +79,18 @@ def _check_gpus(value: object) -> object:
     return value
 
 
+def _check_duration(value: int, info: ValidationInfo) -> int:
+    """A deadline or TTL is at most a year in what users give; a stored one is read as it is
+    (the Job and the scheduler cope with one no time can be added to)."""
+    limit = quantity.MAX_DURATION_SECONDS
+    if value > limit and meta.is_input(info):
+        raise ValueError(f"must be less than or equal to {limit} ({limit // 86_400} days)")
+    return value
+
+
 Command = Annotated[list[str] | str, BeforeValidator(_check_command)]
 MemoryQuantity = Annotated[str, BeforeValidator(_check_memory)]
+Duration = Annotated[int, AfterValidator(_check_duration)]  # seconds
 GPUCount = Annotated[
     float,
     BeforeValidator(_check_gpus),
@@ -167,8 +178,8 @@ class JobSpec(meta.Model):
     priority: int = Field(default=0, ge=-(10**9), le=10**9)
     placement: Placement | None = None
     backoff_limit: int = Field(default=0, ge=0, le=1000)
-    active_deadline_seconds: int | None = Field(default=None, gt=0)
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    active_deadline_seconds: Duration | None = Field(default=None, gt=0)
+    ttl_seconds_after_finished: Duration | None = Field(default=None, ge=0)
     depends_on: list[meta.DNSLabel] = Field(default_factory=list)
     suspend: bool = False
     gpu_env: meta.EnvName = "CUDA_VISIBLE_DEVICES"

@@ -187,7 +187,7 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
             "environment variable or database can hold"
         )
     try:
-        obj = cls.model_validate(body, by_alias=True, by_name=False)
+        obj = cls.model_validate(body, by_alias=True, by_name=False, context=meta.INPUT)
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {_first_error(exc, prefix)}") from None
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain

@@ -3,13 +3,24 @@
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic.alias_generators import to_camel
 
 from gctl.api import kinds, names
 
 API_VERSION: Final = kinds.API_VERSION
 DEFAULT_NAMESPACE = kinds.DEFAULT_NAMESPACE
+
+
+# The validation context of what a user gives: a manifest (apply, diff, sync) or `gctl run`, all
+# read by `manifest.parse`. A limit added after objects were stored holds for these only, so
+# that an object an older gctl stored under a looser one still reads: it runs, shows, deletes.
+INPUT: Final[dict[str, bool]] = {"input": True}
+
+
+def is_input(info: ValidationInfo) -> bool:
+    """Whether the object being validated is a user's input rather than a stored object."""
+    return isinstance(info.context, dict) and bool(info.context.get("input"))
 
 
 def utcnow() -> datetime:

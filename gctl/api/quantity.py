@@ -1,6 +1,8 @@
-"""Quantities of memory (`24Gi`, `24GB`, `500Mi`, bytes) and GPU counts (`0.5`, `2`)."""
+"""Quantities of memory (`24Gi`, `24GB`, `500Mi`, bytes), GPU counts (`0.5`, `2`) and durations
+(a deadline or TTL in seconds)."""
 
 import re
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 _SUFFIXES: dict[str, int] = {
@@ -29,6 +31,10 @@ _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 # No GPU made or announced holds more than this; a larger figure is a typo (GB for MB, say).
 MAX_GPU_MEMORY = 2**40
 MAX_GPUS_PER_JOB = 1024
+# A deadline or TTL longer than a year is a typo, or means none (leave the field out). The
+# scheduler adds up the deadlines of the Jobs queued on one GPU on its timeline (a hundred and
+# more): at a year each, that stays far inside the last moment a datetime holds (year 9999).
+MAX_DURATION_SECONDS = 365 * 86_400
 
 
 def parse_bytes(value: object) -> int:
@@ -84,3 +90,12 @@ def check_gpus(value: float) -> float:
 
 def format_gpus(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def after(moment: datetime, seconds: float) -> datetime | None:
+    """`moment` plus `seconds`; None when that is past the last moment a datetime holds: a
+    deadline or TTL so far ahead (stored before durations were limited) never comes."""
+    try:
+        return moment + timedelta(seconds=seconds)
+    except OverflowError:
+        return None

@@ -623,6 +623,12 @@ def bad_list_item() -> str:
             "spec.resources.gpus",
         ),
         bad(
+            "deadline-past-a-year",
+            job_yaml("bad", activeDeadlineSeconds=300_000_000_000),
+            "document 1",
+            "spec.activeDeadlineSeconds: must be less than or equal to 31536000 (365 days)",
+        ),
+        bad(
             "negative-memory",
             job_yaml("bad", resources={"gpuMemory": "-5Gi"}),
             "document 1",

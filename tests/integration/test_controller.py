@@ -8,7 +8,7 @@ import pytest
 from controller import jobs, manager, nodes, scheduling
 from gctl.api import binding, job, node
 from gctl.store import db, store
-from tests.builders import make_job, put_ready_node
+from tests.builders import make_job, put_ready_node, report_attempt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -23,6 +23,15 @@ def _schedule(database: db.Database, now: datetime = T0) -> None:
 
 def _reconcile(database: db.Database, name: str, now: datetime = T0) -> None:
     store.transact(database, lambda w: jobs.reconcile(w, "default", name, now))
+
+
+def _stored_on_n1(database: db.Database, gpus: int, *jobs_to_store: job.Job) -> None:
+    """Node n1 with `gpus` GPUs, and the Jobs as they are (no manifest validation)."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", gpus)
+        for j in jobs_to_store:
+            writer.create(j)
 
 
 def _get(database: db.Database, cls: type, name: str) -> object:
@@ -144,12 +153,9 @@ def test_shared_gpus_respect_declared_memory(database: db.Database) -> None:
 
 
 def test_a_finished_job_is_deleted_when_its_ttl_runs_out(database: db.Database) -> None:
-    with database.write() as session:
-        writer = store.Store(session)
-        _node(writer, "n1", 1)
-        short = make_job("short").build()
-        short.spec.ttl_seconds_after_finished = 60
-        writer.create(short)
+    short = make_job("short").build()
+    short.spec.ttl_seconds_after_finished = 60
+    _stored_on_n1(database, 1, short)
     _schedule(database)
     _attempt_ends(database, "short-1", 0, stop=None)
     _reconcile(database, "short")
@@ -245,3 +251,46 @@ def test_a_new_attempt_shows_no_exit_code_until_it_ends(
     done = _get(database, job.Job, "again")
     assert isinstance(done, job.Job)
     assert (done.status.phase, done.status.exit_code) == ("Succeeded", 0)
+
+
+# An activeDeadlineSeconds or ttlSecondsAfterFinished that gctl accepted before durations were
+# limited to a year (quantity.MAX_DURATION_SECONDS): three thousand years from now and more.
+FOREVER = 300_000_000_000
+
+
+def test_a_deadline_stored_past_the_calendar_stops_no_one(database: db.Database) -> None:
+    """A stored deadline that no time can be added to counts as no deadline known: the Job and
+    the others are placed, it runs with no timer, and a Job that must wait is told why."""
+    huge = make_job("huge").build()
+    huge.spec.active_deadline_seconds = FOREVER
+    _stored_on_n1(database, 2, huge, make_job("after").build())
+    _schedule(database)
+    for name in ("huge", "after"):
+        placed = _get(database, job.Job, name)
+        assert isinstance(placed, job.Job)
+        assert placed.status.phase == "Scheduled", name
+    report_attempt(database, "huge-1", "Running", T0)
+    due = store.transact(database, lambda w: jobs.reconcile(w, "default", "huge", T0))
+    running = _get(database, job.Job, "huge")
+    assert isinstance(running, job.Job)
+    assert (running.status.phase, due) == ("Running", None)
+    with database.write() as session:
+        store.Store(session).create(make_job("third").build())
+    _schedule(database)  # reads the running Job's deadline to estimate when its GPU frees
+    waiting = _get(database, job.Job, "third")
+    assert isinstance(waiting, job.Job)
+    assert waiting.status.phase in ("Pending", "Scheduled")
+    assert waiting.status.estimated_start_time is None
+
+
+def test_a_ttl_stored_past_the_calendar_never_comes_due(database: db.Database) -> None:
+    kept = make_job("kept").build()
+    kept.spec.ttl_seconds_after_finished = FOREVER
+    _stored_on_n1(database, 1, kept)
+    _schedule(database)
+    _attempt_ends(database, "kept-1", 0, stop=None)
+    _reconcile(database, "kept")
+    due = store.transact(database, lambda w: jobs.reconcile(w, "default", "kept", T0))
+    finished = _get(database, job.Job, "kept")
+    assert isinstance(finished, job.Job)
+    assert (finished.status.phase, due) == ("Succeeded", None)

@@ -171,7 +171,12 @@ def test_a_chain_of_attempts_bound_ahead_runs_one_after_another(database: db.Dat
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("soon", "'soon' is not a number of seconds"), ("-1", "is not a finite, non-negative")],
+    [
+        ("soon", "'soon' is not a number of seconds"),
+        ("-1", "is not a finite, non-negative"),
+        ("nan", "is not a finite, non-negative"),
+        ("1e300", "1e+300 is more than a year (31536000 seconds)"),
+    ],
 )
 def test_a_bad_duration_is_a_start_error(database: db.Database, value: str, message: str) -> None:
     agent = make_agent(database, FakeTime())
@@ -180,3 +185,21 @@ def test_a_bad_duration_is_a_start_error(database: db.Database, value: str, mess
     done = attempt(database, "bad")
     assert (done.phase, done.exit_code, done.reason) == ("Exited", 127, "StartError")
     assert message in (done.message or "")
+
+
+def test_a_year_at_the_slowest_time_scale_still_has_an_end(database: db.Database) -> None:
+    """A simulated year at time scale 1e-9 would end past the calendar: it ends when a year of
+    real time has passed instead, and the other attempts run as usual."""
+    clock = FakeTime()
+    agent = virtual.VirtualAgent(
+        database,
+        nodes=2,
+        gpus_per_node=4,
+        time_scale=1e-9,
+        clock=clock.wall,
+        monotonic=clock.monotonic,
+    )
+    bind(database, "year", {virtual.DURATION_ANNOTATION: str(365 * 86_400)})
+    step(agent)
+    assert attempt(database, "year").phase == "Running"
+    assert agent.next_wake(next_beat=10**12) == pytest.approx(365 * 86_400)

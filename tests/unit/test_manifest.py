@@ -4,8 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from gctl.api import errors, job, manifest, pool
+from gctl.api import errors, job, manifest, pool, quantity
 
 GOOD = """
 apiVersion: gctl/v1
@@ -116,6 +117,14 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         (_job("{command: x, dependsOn: [a, h]}"), 'Job "h"): spec.dependsOn[1]: names this Job'),
         (_job("{command: x, placement: {gpus: [0, 1]}}"), "spec.placement: gpus lists 2"),
         (_job("{command: x, backoffLimit: -1}"), "spec.backoffLimit:"),
+        (
+            _job("{command: x, activeDeadlineSeconds: 300000000000}"),
+            "spec.activeDeadlineSeconds: must be less than or equal to 31536000 (365 days)",
+        ),
+        (
+            _job("{command: x, ttlSecondsAfterFinished: 31536001}"),
+            "spec.ttlSecondsAfterFinished: must be less than or equal to 31536000 (365 days)",
+        ),
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
         (_job('{command: x, env: {A: "\\0"}}'), "spec.env.A: contains a NUL character"),
         (_job("{}"), "spec.command: required field is missing"),
@@ -144,6 +153,22 @@ def test_errors_name_file_document_and_field(text: str, where: str) -> None:
     assert message.startswith("bad.yaml: document 2")
     assert where in message
     assert "\n" not in message
+
+
+def test_durations_up_to_a_year_are_accepted() -> None:
+    text = _job("{command: x, activeDeadlineSeconds: 31536000, ttlSecondsAfterFinished: 31536000}")
+    (parsed,) = manifest.parse("y.yaml", text)
+    assert isinstance(parsed.obj, job.Job)
+    assert parsed.obj.spec.active_deadline_seconds == quantity.MAX_DURATION_SECONDS == 365 * 86_400
+
+
+def test_a_stored_job_from_before_the_limit_still_reads() -> None:
+    """The limit is for what users give: a Job an older gctl stored with a longer deadline
+    must still read (to run, show and delete), not fail every read of it."""
+    stored = yaml.safe_load(_job("{command: x, activeDeadlineSeconds: 300000000000}"))
+    stored["spec"]["ttlSecondsAfterFinished"] = 300_000_000_000
+    read = job.Job.model_validate(stored)
+    assert read.spec.active_deadline_seconds == read.spec.ttl_seconds_after_finished == 3 * 10**11
 
 
 def test_directory_reads_manifests_only_and_recurses_on_request(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from controller import placement, reading, scheduling
 from gctl.api import profile
+from tests.builders import make_binding
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GI = 2**30
@@ -66,6 +67,27 @@ def test_pool_and_deadline_are_read() -> None:
         timedelta(seconds=60),
         3,
     )
+
+
+@pytest.mark.parametrize("deadline", [300_000_000_000, 10**20, 365 * 86_400 + 1, -5, "60", True])
+def test_a_stored_deadline_gctl_no_longer_accepts_counts_as_none(deadline: object) -> None:
+    """Stored by an older gctl (or written by hand): the plan could not add such a deadline
+    to a time, so it knows no deadline for the Job rather than failing every pass."""
+    found = reading.request_of(wire({"activeDeadlineSeconds": deadline}), world())
+    assert (found.deadline, found.runtime) == (None, None)
+    running = make_binding("j", "n1", [0])
+    running.status.start_time = T0
+    owner = wire({"activeDeadlineSeconds": deadline}, {"startTime": T0.isoformat()})
+    assert reading.allocation_of(running, owner, {}).ends is None
+
+
+def test_a_deadline_of_a_year_is_still_read() -> None:
+    year = 365 * 86_400
+    found = reading.request_of(wire({"activeDeadlineSeconds": year}), world())
+    assert (found.deadline, found.runtime) == (year, timedelta(days=365))
+    running = make_binding("j", "n1", [0])
+    owner = wire({"activeDeadlineSeconds": year}, {"startTime": T0.isoformat()})
+    assert reading.allocation_of(running, owner, {}).ends == T0 + timedelta(days=365)
 
 
 def said(message: str, position: int | None, start: datetime | None = None) -> dict[str, Any]:

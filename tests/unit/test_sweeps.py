@@ -147,6 +147,10 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
             "{items: [A.1, a-1], template: {spec: {command: x}}}",
             "spec: items[0] and items[1] give one Job name (...-a-1)",
         ),
+        (
+            "{items: [a], template: {spec: {command: x, activeDeadlineSeconds: 40000000}}}",
+            "spec.template.spec.activeDeadlineSeconds: must be less than or equal to 31536000",
+        ),
         ("{items: [a], maxParallel: 0, template: {spec: {command: x}}}", "spec.maxParallel"),
         ("{items: [a], template: {spec: {command: x, gpu: 1}}}", "template.spec.gpu: unknown"),
         (
