@@ -75,7 +75,7 @@ def _check_memory(value: object) -> object:
 def _check_gpus(value: object) -> object:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("must be a number: a fraction in (0,1] or a whole number of GPUs")
-    quantity.check_gpus(float(value))
+    quantity.check_gpus(value)  # an int as it is: one too large for a float is refused too
     return value
 
 

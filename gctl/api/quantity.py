@@ -1,6 +1,7 @@
 """Quantities of memory (`24Gi`, `24GB`, `500Mi`, bytes), GPU counts (`0.5`, `2`) and durations
 (a deadline or TTL in seconds)."""
 
+import math
 import re
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -79,12 +80,16 @@ def format_bytes(count: int) -> str:
 
 def check_gpus(value: float) -> float:
     """A GPU request is a fraction in (0, 1] or a whole number (0 for a job that needs none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite number")
     if value < 0:
         raise ValueError("must not be negative")
     if value > 1 and value != int(value):
         raise ValueError(f"{value} is neither a fraction in (0,1] nor a whole number of GPUs")
     if value > MAX_GPUS_PER_JOB:
-        raise ValueError(f"{value:g} GPUs is more than one node has (at most {MAX_GPUS_PER_JOB})")
+        raise ValueError(
+            f"{format_gpus(value)} GPUs is more than one node has (at most {MAX_GPUS_PER_JOB})"
+        )
     return value
 
 

@@ -623,6 +623,12 @@ def bad_list_item() -> str:
             "spec.resources.gpus",
         ),
         bad(
+            "nan-gpus",
+            job_yaml("bad", resources={"gpus": float("nan")}),
+            "document 1",
+            "spec.resources.gpus: must be a finite number",
+        ),
+        bad(
             "deadline-past-a-year",
             job_yaml("bad", activeDeadlineSeconds=300_000_000_000),
             "document 1",

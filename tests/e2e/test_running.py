@@ -278,10 +278,19 @@ def test_run_attach_prints_the_output_and_exits_with_its_code(
 
 
 @SQLITE_ONLY
-def test_run_refuses_bad_gpus_and_creates_nothing(gctl: Gctl) -> None:
-    line = error_line(gctl("run", "--gpus", "1.5", "--", "true"))
+@pytest.mark.parametrize(
+    ("gpus", "complaint"),
+    [
+        ("1.5", "1.5 is neither a fraction in (0,1] nor a whole number"),
+        ("nan", "must be a finite number"),
+        ("inf", "must be a finite number"),
+        ("-inf", "must be a finite number"),
+    ],
+)
+def test_run_refuses_bad_gpus_and_creates_nothing(gctl: Gctl, gpus: str, complaint: str) -> None:
+    line = error_line(gctl("run", "--gpus", gpus, "--", "true"))
 
-    assert "spec.resources.gpus: 1.5 is neither a fraction in (0,1] nor a whole number" in line
+    assert f"spec.resources.gpus: {complaint}" in line
     result = gctl("get", "jobs")
     assert (result.out, result.err) == ("", "No resources found in default namespace.\n")
     assert re.fullmatch(r"job\.gctl/run-[a-z0-9]{5} created\n", gctl.ok("run", "--", "true"))

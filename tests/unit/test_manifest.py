@@ -125,6 +125,13 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
             _job("{command: x, ttlSecondsAfterFinished: 31536001}"),
             "spec.ttlSecondsAfterFinished: must be less than or equal to 31536000 (365 days)",
         ),
+        (_job("{command: x, activeDeadlineSeconds: .inf}"), "spec.activeDeadlineSeconds: must be"),
+        (_job("{command: x, resources: {gpus: .nan}}"), "spec.resources.gpus: must be a finite"),
+        (_job("{command: x, resources: {gpus: .inf}}"), "spec.resources.gpus: must be a finite"),
+        (_job("{command: x, resources: {gpus: -.inf}}"), "spec.resources.gpus: must be a finite"),
+        (_job("{command: x, priority: .nan}"), "spec.priority: must be a finite number"),
+        # a whole number past what a float holds was a traceback when converted to one
+        (_job(f"{{command: x, resources: {{gpus: {'9' * 400}}}}}"), "(at most 1024)"),
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
         (_job('{command: x, env: {A: "\\0"}}'), "spec.env.A: contains a NUL character"),
         (_job("{}"), "spec.command: required field is missing"),
@@ -141,6 +148,14 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
             "apiVersion: gctl/v1\nkind: GPUPool\nmetadata: {name: p}\n"
             "spec: {selector: {gpus: ['3-1']}}\n",
             "spec.selector.gpus: range '3-1' runs backwards",
+        ),
+        (
+            "apiVersion: gctl/v1\nkind: GPUProfile\nmetadata: {name: p}\nspec: {gpus: .nan}\n",
+            "spec.gpus: must be a finite number",
+        ),
+        (
+            "apiVersion: gctl/v1\nkind: GPUProfile\nmetadata: {name: p}\nspec: {gpus: .inf}\n",
+            "spec.gpus: must be a finite number",
         ),
     ],
 )

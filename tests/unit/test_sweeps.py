@@ -148,6 +148,10 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
             "spec: items[0] and items[1] give one Job name (...-a-1)",
         ),
         (
+            "{items: [a], template: {spec: {command: x, resources: {gpus: .inf}}}}",
+            "spec.template.spec.resources.gpus: must be a finite number",
+        ),
+        (
             "{items: [a], template: {spec: {command: x, activeDeadlineSeconds: 40000000}}}",
             "spec.template.spec.activeDeadlineSeconds: must be less than or equal to 31536000",
         ),
