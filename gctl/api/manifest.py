@@ -251,6 +251,10 @@ def _first_error(exc: pydantic.ValidationError, prefix: str) -> str:
     first = errs[0]
     path = _path(first["loc"])
     message = _MESSAGES.get(first["type"]) or _message(first["msg"])
+    part = first.get("ctx", {}).get("error")
+    if isinstance(part, meta.FieldError):  # about a part of the field: name that part
+        path = _joined(path, part.path)
+        message = part.message
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
     return f"{prefix}{path}: {message}{more}"
 
@@ -267,12 +271,19 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return text
 
 
+def _joined(path: str, part: str) -> str:
+    if not path or part.startswith("["):
+        return path + part
+    return f"{path}.{part}"
+
+
 def _message(raw: str) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         raw = raw.removeprefix(prefix)
     raw = raw.replace("Input should be", "must be")
-    # pydantic's "List should have at least 1 item after validation, not 0"
-    raw = re.sub(r"^(List|Dictionary) should have", "must have", raw)
+    # pydantic's "List should have at least 1 item after validation, not 0" ("Value" when
+    # the constraint is on a type its own validator reads, such as a pool's GPU indices)
+    raw = re.sub(r"^(List|Dictionary|Value) should have", "must have", raw)
     return raw.replace(" after validation", "")
 
 

@@ -23,6 +23,16 @@ def is_input(info: ValidationInfo) -> bool:
     return isinstance(info.context, dict) and bool(info.context.get("input"))
 
 
+class FieldError(ValueError):
+    """A validator's complaint about one part of the value it checks: `path` (`items[1]`,
+    `template.spec.command`) is joined to the field's own path in the one-line message."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

@@ -8,14 +8,15 @@ Globbing `files` is I/O: the controller does it and passes the paths in.
 
 import hashlib
 import itertools
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePath
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PlainValidator, ValidationInfo, field_validator, model_validator
 
 from gctl.api import job, kinds, meta
 
@@ -43,7 +44,25 @@ _PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|(?<!\$)\{([A-Za-z_]\w*)\}")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
-MatrixValue = str | int | float | bool
+
+def _check_value(value: object, info: ValidationInfo) -> str | int | float | bool:
+    """A matrix value or an item: a string, a number or a boolean (one message, not one per
+    type it could have been). A number must be finite in what users give; a Sweep an older
+    gctl stored with `.nan` in its matrix (SQLite holds it) still reads."""
+    if not isinstance(value, str | int | float):  # bool is an int
+        raise ValueError("must be a string, number or boolean")
+    if isinstance(value, float) and not math.isfinite(value) and meta.is_input(info):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _item_text(value: object, info: ValidationInfo) -> str:
+    """An item as it goes into names and `{item}`: a number or boolean as a matrix value is."""
+    return text(_check_value(value, info))
+
+
+MatrixValue = Annotated[str | int | float | bool, PlainValidator(_check_value)]
+Item = Annotated[str, PlainValidator(_item_text)]
 
 
 class TemplateMeta(meta.Model):
@@ -59,7 +78,7 @@ class JobTemplate(meta.Model):
 class SweepSpec(meta.Model):
     """Exactly one of `items`, `files` (a glob) or `matrix` says what the Jobs differ in."""
 
-    items: list[str] | None = Field(default=None, min_length=1, max_length=MAX_POINTS)
+    items: list[Item] | None = Field(default=None, min_length=1, max_length=MAX_POINTS)
     files: str | None = Field(default=None, min_length=1)
     matrix: dict[str, list[MatrixValue]] | None = None
     template: JobTemplate
@@ -86,14 +105,15 @@ class SweepSpec(meta.Model):
         size = 1
         for key, values in matrix.items():
             if not _KEY.match(key) or key in RESERVED:
-                raise ValueError(
-                    f"{key}: a parameter is a letter or _ then letters, digits or _, and not "
-                    f"one of {', '.join(sorted(RESERVED))}"
+                raise meta.FieldError(
+                    key,
+                    "a parameter is a letter or _ then letters, digits or _, and not one of "
+                    f"{', '.join(sorted(RESERVED))}",
                 )
             if not values:
-                raise ValueError(f"{key}: list at least one value")
+                raise meta.FieldError(key, "list at least one value")
             if len({text(v) for v in values}) != len(values):
-                raise ValueError(f"{key}: lists a value twice")
+                raise meta.FieldError(key, "lists a value twice")
             size *= len(values)
         if size > MAX_POINTS:
             raise ValueError(f"makes {size} Jobs; at most {MAX_POINTS}")
@@ -114,23 +134,27 @@ class SweepSpec(meta.Model):
             raise ValueError(f"give exactly one of items, files or matrix (found: {found})")
         if self.template.spec.ttl_seconds_after_finished is not None:
             # A point whose Job is gone has no Job: the Sweep would create and run it again.
-            raise ValueError(
-                "template.spec.ttlSecondsAfterFinished: not allowed in a Sweep: its Jobs are "
-                "deleted with the Sweep (a deleted Job would be created and run again)"
+            raise meta.FieldError(
+                "template.spec.ttlSecondsAfterFinished",
+                "not allowed in a Sweep: its Jobs are deleted with the Sweep (a deleted Job "
+                "would be created and run again)",
             )
         known = placeholders(self)
         for path, value in templated(self.template.spec):
             fill(value, dict.fromkeys(known, ""), f"template.spec.{path}")
         directory = self.template.spec.working_dir
         if self.files is not None and directory and _PLACEHOLDER.search(directory):
-            raise ValueError(
-                "template.spec.workingDir: has placeholders, but a files glob is expanded "
-                "against it: write it without placeholders, or make files absolute"
+            raise meta.FieldError(
+                "template.spec.workingDir",
+                "has placeholders, but a files glob is expanded against it: write it without "
+                "placeholders, or make files absolute",
             )
         if self.items is not None:
-            _check_distinct_names([(f"items[{i}]", slug(v)) for i, v in enumerate(self.items)])
+            _check_distinct_names(
+                None, [(f"items[{i}]", slug(v)) for i, v in enumerate(self.items)]
+            )
         if self.matrix is not None:
-            _check_distinct_names([(p.label, p.slug) for p in points(self, None)])
+            _check_distinct_names("matrix", [(p.label, p.slug) for p in points(self, None)])
         return self
 
 
@@ -246,15 +270,19 @@ def child_name(sweep_name: str, point: Point) -> str:
     return f"{head}-{digest}"
 
 
-def _check_distinct_names(slugs: list[tuple[str, str]]) -> None:
-    """Two points whose slugs agree would share one Job: refuse them at apply."""
+def _check_distinct_names(field: str | None, slugs: list[tuple[str, str]]) -> None:
+    """Two points whose slugs agree would share one Job: refuse the second at apply, by its
+    path (`items[1]`), or under `field` by its values (`matrix`: `a=x_y`)."""
     seen: dict[str, str] = {}
     for where, value_slug in slugs:
         if value_slug and value_slug in seen:  # empty slugs are hashed apart
-            raise ValueError(
-                f"{seen[value_slug]} and {where} give one Job name (...-{value_slug}): "
-                "make them differ in letters or digits"
+            problem = (
+                f"gives the Job name of {seen[value_slug]} (...-{value_slug}): make them "
+                "differ in letters or digits"
             )
+            if field is None:
+                raise meta.FieldError(where, problem)
+            raise meta.FieldError(field, f"{where} {problem}")
         seen[value_slug] = where
 
 
@@ -289,9 +317,10 @@ def fill(value: str, values: Mapping[str, str], where: str) -> str:
         if name in values:
             return values[name]
         known = ", ".join(f"{{{k}}}" for k in sorted({*values, *AGENT_PLACEHOLDERS}))
-        raise ValueError(
-            f"{where}: unknown placeholder {{{name}}}: use {known}, or {{{{{name}}}}} for a "
-            f"literal {{{name}}}"
+        raise meta.FieldError(
+            where,
+            f"unknown placeholder {{{name}}}: use {known}, or {{{{{name}}}}} for a literal "
+            f"{{{name}}}",
         )
 
     return _PLACEHOLDER.sub(replace, value)

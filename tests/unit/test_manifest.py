@@ -150,6 +150,11 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
             "spec.selector.gpus: range '3-1' runs backwards",
         ),
         (
+            "apiVersion: gctl/v1\nkind: GPUPool\nmetadata: {name: p}\n"
+            "spec: {selector: {gpus: []}}\n",
+            "spec.selector.gpus: must have at least 1 item, not 0",
+        ),
+        (
             "apiVersion: gctl/v1\nkind: GPUProfile\nmetadata: {name: p}\nspec: {gpus: .nan}\n",
             "spec.gpus: must be a finite number",
         ),

@@ -119,7 +119,7 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
     [
         (
             "{items: [a], template: {spec: {command: [run, '{lr}']}}}",
-            'sweep.yaml: document 1 (Sweep "lr"): spec: template.spec.command[1]: unknown '
+            'sweep.yaml: document 1 (Sweep "lr"): spec.template.spec.command[1]: unknown '
             "placeholder {lr}: use {gpus}, {index}, {item}, or {{lr}} for a literal {lr}",
         ),
         (
@@ -128,7 +128,7 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
         ),
         (
             "{items: [a], template: {spec: {command: x, successFile: 'out/{stem}.done'}}}",
-            "spec: template.spec.successFile: unknown placeholder {stem}: use {gpus}, {index}, "
+            "spec.template.spec.successFile: unknown placeholder {stem}: use {gpus}, {index}, "
             "{item}, or {{stem}} for a literal {stem}",
         ),
         (
@@ -141,12 +141,36 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
             "{items: [], template: {spec: {command: x}}}",
             "spec.items: must have at least 1 item, not 0",
         ),
-        ("{matrix: {item: [1]}, template: {spec: {command: x}}}", "spec.matrix: item: a param"),
-        ("{matrix: {lr: []}, template: {spec: {command: x}}}", "lr: list at least one value"),
+        ("{matrix: {item: [1]}, template: {spec: {command: x}}}", "spec.matrix.item: a param"),
+        ("{matrix: {lr: []}, template: {spec: {command: x}}}", "spec.matrix.lr: list at least"),
         (
-            "{items: [A.1, a-1], template: {spec: {command: x}}}",
-            "spec: items[0] and items[1] give one Job name (...-a-1)",
+            "{matrix: {flag: [true, false], n: [null]}, template: {spec: {command: x}}}",
+            "spec.matrix.n[0]: must be a string, number or boolean",
         ),
+        (
+            "{matrix: {lr: [0.1, {a: 1}]}, template: {spec: {command: x}}}",
+            "spec.matrix.lr[1]: must be a string, number or boolean",
+        ),
+        (
+            "{matrix: {lr: [0.1, .nan]}, template: {spec: {command: x}}}",
+            "spec.matrix.lr[1]: must be a finite number",
+        ),
+        ("{matrix: {lr: [-.inf]}, template: {spec: {command: x}}}", "spec.matrix.lr[0]: must"),
+        (
+            "{matrix: {a: [x-y, x_y]}, template: {spec: {command: x}}}",
+            "spec.matrix: a=x_y gives the Job name of a=x-y (...-ax-y): make them",
+        ),
+        (
+            "{items: [A.1, b, a-1], template: {spec: {command: x}}}",
+            "spec.items[2]: gives the Job name of items[0] (...-a-1): make them differ in",
+        ),
+        ("{items: [1, '1'], template: {spec: {command: x}}}", "spec.items: lists '1' twice"),
+        (
+            "{items: [a, null], template: {spec: {command: x}}}",
+            "spec.items[1]: must be a string, number or boolean",
+        ),
+        ("{items: [[a]], template: {spec: {command: x}}}", "spec.items[0]: must be a string,"),
+        ("{items: [.nan], template: {spec: {command: x}}}", "spec.items[0]: must be a finite"),
         (
             "{items: [a], template: {spec: {command: x, resources: {gpus: .inf}}}}",
             "spec.template.spec.resources.gpus: must be a finite number",
@@ -159,7 +183,7 @@ def test_the_sweeps_depends_on_joins_the_templates() -> None:
         ("{items: [a], template: {spec: {command: x, gpu: 1}}}", "template.spec.gpu: unknown"),
         (
             "{items: [a], template: {spec: {command: x, ttlSecondsAfterFinished: 5}}}",
-            "spec: template.spec.ttlSecondsAfterFinished: not allowed in a Sweep",
+            "spec.template.spec.ttlSecondsAfterFinished: not allowed in a Sweep",
         ),
     ],
 )
@@ -167,6 +191,25 @@ def test_mistakes_are_one_line_naming_the_field(spec: str, expected: str) -> Non
     message = _manifest_error(spec)
     assert expected in message
     assert "\n" not in message
+    assert "(and " not in message  # one problem, said once
+
+
+def test_a_sweep_stored_with_a_nan_in_its_matrix_still_reads() -> None:
+    """Refused in manifests now; an older gctl stored such Sweeps (on SQLite), and a Sweep
+    that no longer reads would stop the controller's resync of every Sweep."""
+    stored = _sweep(matrix={"lr": [0.1]}, template={"spec": {"command": "t {lr}"}}).wire()
+    stored["spec"]["matrix"]["lr"] = [0.1, float("nan"), float("inf")]
+    read = sweep.Sweep.model_validate(stored)
+    assert [p.label for p in sweep.points(read.spec, None)] == ["lr=0.1", "lr=nan", "lr=inf"]
+
+
+def test_items_may_be_numbers_and_booleans_written_as_matrix_values_are() -> None:
+    spec = _spec(items=[1, 0.5, True, "a"], template={"spec": {"command": "seed {item}"}})
+    assert spec.items == ["1", "0.5", "true", "a"]
+    points = sweep.points(spec, None)
+    assert [sweep.child_name("s", p) for p in points] == ["s-1", "s-0-5", "s-true", "s-a"]
+    assert sweep.render_spec(spec, points[2]).command == "seed true"
+    assert [p.values["item"] for p in points] == [sweep.text(v) for v in (1, 0.5, True, "a")]
 
 
 # -- names -------------------------------------------------------------------------------------
