@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, kinds, selector
+from gctl.api import errors, kinds, quantity, selector
 from gctl.cli import cells, fitting, following, printers, views
 
 if TYPE_CHECKING:
@@ -338,6 +338,8 @@ def parse_timeout(text: str) -> float:
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if not math.isfinite(seconds) or seconds < 0:
         raise errors.Invalid(f"--timeout {text!r}: must be a duration of zero or more")
+    if seconds > quantity.MAX_DURATION_SECONDS:  # a thread waits at most ~292 years
+        raise errors.Invalid(f"--timeout {text!r}: must be at most a year (365d)")
     return seconds
 
 

@@ -4,6 +4,7 @@ gctl/cli/daemons.py, which is the one module that imports the controller and the
 Typer and the standard library only at the top: the daemons load inside the commands.
 """
 
+import math
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -36,13 +37,35 @@ StateDirOpt = Annotated[
 LabelOpt = Annotated[
     list[str] | None, typer.Option("--label", help="Node label key=value (repeatable).")
 ]
+
+
+def _seconds(param: typer.CallbackParam, value: float) -> float:
+    """NaN passes click's range checks and infinity its minimum: a daemon's number of seconds
+    must be finite, and at most a year, which its clocks and waits can hold."""
+    from gctl.api import quantity  # the standard library only: nothing heavy
+
+    if not value <= quantity.MAX_DURATION_SECONDS:  # NaN fails this too
+        fail(f"{param.opts[0]}: {value:g} is not a finite number of seconds of at most a year")
+    return value
+
+
+def _finite(param: typer.CallbackParam, value: float) -> float:
+    if not math.isfinite(value):
+        fail(f"{param.opts[0]}: {value:g} is not a finite number")
+    return value
+
+
 HeartbeatOpt = Annotated[
-    float, typer.Option("--heartbeat", help="Seconds between heartbeats.", min=0.1)
+    float,
+    typer.Option("--heartbeat", help="Seconds between heartbeats.", min=0.1, callback=_seconds),
 ]
 GraceOpt = Annotated[
     float,
     typer.Option(
-        "--grace-period", help="Seconds between SIGTERM and SIGKILL when stopping.", min=0
+        "--grace-period",
+        help="Seconds between SIGTERM and SIGKILL when stopping.",
+        min=0,
+        callback=_seconds,
     ),
 ]
 BackoffOpt = Annotated[
@@ -51,12 +74,16 @@ BackoffOpt = Annotated[
         "--backoff",
         help="Seconds before the first retry of a failed Job; doubles each time, up to 6 minutes.",
         min=0,
+        callback=_seconds,
     ),
 ]
 NodeTimeoutOpt = Annotated[
     float,
     typer.Option(
-        "--node-timeout", help="Seconds without a heartbeat before a node is lost.", min=0.5
+        "--node-timeout",
+        help="Seconds without a heartbeat before a node is lost.",
+        min=0.5,
+        callback=_seconds,
     ),
 ]
 
@@ -76,6 +103,7 @@ FenceOpt = Annotated[
         help="Stop this node's jobs when the agent has been silent this long (seconds; keep it "
         "below the controller's --node-timeout; 0: never).",
         min=0,
+        callback=_seconds,
     ),
 ]
 
@@ -98,7 +126,10 @@ GpusPerNodeOpt = Annotated[
 TimeScaleOpt = Annotated[
     float,
     typer.Option(
-        "--time-scale", help="With --simulate: run simulated time this many times faster.", min=1e-9
+        "--time-scale",
+        help="With --simulate: run simulated time this many times faster.",
+        min=1e-9,
+        callback=_finite,
     ),
 ]
 NamePrefixOpt = Annotated[

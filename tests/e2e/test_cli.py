@@ -731,6 +731,25 @@ def test_bad_manifest_writes_nothing(
         ),
         pytest.param(["get", "jobs", "-n", "Bad_NS"], "-n/--namespace", id="get-namespace"),
         pytest.param(["apply", "-f", "empty.yaml"], "empty.yaml: no objects", id="empty-file"),
+        # NaN passes click's range checks, infinity its minimum; neither is a time to wait
+        pytest.param(
+            ["controller", "run", "--node-timeout", "inf"],
+            "--node-timeout: inf is not a finite number of seconds of at most a year",
+            id="daemon-infinite-seconds",
+        ),
+        pytest.param(
+            ["up", "--backoff", "nan"], "--backoff: nan is not a finite", id="daemon-nan-seconds"
+        ),
+        pytest.param(
+            ["agent", "run", "--fake-gpus", "1", "--heartbeat", "1e300"],
+            "--heartbeat: 1e+300 is not a finite number of seconds of at most a year",
+            id="daemon-seconds-past-a-year",
+        ),
+        pytest.param(
+            ["agent", "run", "--simulate", "--virtual-nodes", "1", "--time-scale", "nan"],
+            "--time-scale: nan is not a finite number",
+            id="daemon-nan-time-scale",
+        ),
         pytest.param(
             ["apply", "-f", "comments.yaml", "-o", "name"],
             "comments.yaml: no objects",

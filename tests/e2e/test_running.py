@@ -346,6 +346,10 @@ def test_wait_refuses_what_it_cannot_wait_for(gctl: Gctl) -> None:
     assert "--timeout '5 min'" in error_line(
         gctl("wait", "job/idle", "--for=condition=Complete", "--timeout=5 min")
     )
+    # past what a thread can wait for (about 292 years): refused, not a traceback
+    assert "--timeout '1e10': must be at most a year (365d)" in error_line(
+        gctl("wait", "job/idle", "--for=condition=Complete", "--timeout=1e10")
+    )
     assert error_line(gctl("wait", "job/nope", "--for=condition=Complete")) == (
         'error: job "nope" not found in namespace "default"'
     )
