@@ -171,7 +171,11 @@ class BindingAhead(capacity.Capacity):
         after: list[snapshot.Allocation | snapshot.Request] = []
         frees = [slot.free_at for slot in chosen]
         start = None if None in frees else max(f for f in frees if f is not None)
-        ends = None if start is None or request.runtime is None else start + request.runtime
+        ends = (
+            None
+            if start is None or request.runtime is None
+            else capacity.plus(start, request.runtime)
+        )
         for slot in chosen:
             after.extend(a for a in slot.allocations if a not in after)
             after.extend(r for r in slot.placed if r not in after)

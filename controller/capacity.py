@@ -25,6 +25,16 @@ RESERVED = "reserved for a Job ahead in the queue"
 QUEUED = "taken by a job bound ahead"
 
 
+def plus(moment: datetime, span: timedelta | float) -> datetime:
+    """`moment` plus `span` (or that many seconds), or NEVER past the last moment a datetime
+    holds: one Job's far deadline, or many of them queued one after another, must not stop a
+    pass."""
+    try:
+        return moment + (span if isinstance(span, timedelta) else timedelta(seconds=span))
+    except OverflowError:
+        return NEVER
+
+
 def later(a: datetime | None, b: datetime | None) -> datetime | None:
     """The later of two moments, None meaning never known."""
     return None if a is None or b is None else max(a, b)
@@ -112,7 +122,7 @@ class Capacity:
 
     def _place(self, request: snapshot.Request, found: snapshot.Fit) -> snapshot.Decision:
         share = request.gpus if request.gpus < 1 else 1.0
-        ends = None if request.runtime is None else self.now + request.runtime
+        ends = None if request.runtime is None else plus(self.now, request.runtime)
         for slot in found.slots:
             self._occupy(slot, share, request.gpu_memory, ends)
             slot.placed.append(request)
@@ -189,7 +199,7 @@ class Capacity:
             held.pool.backfill
             and held.start is not None
             and request.deadline is not None
-            and self.now + timedelta(seconds=request.deadline) <= held.start
+            and plus(self.now, request.deadline) <= held.start
         )
 
     def _fit(

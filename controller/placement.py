@@ -261,7 +261,7 @@ class _Planner(ahead.BindingAhead):
         if start is None:
             self.unknown_start.add(shape)
             return None, held
-        ends = None if request.runtime is None else start + request.runtime
+        ends = None if request.runtime is None else capacity.plus(start, request.runtime)
         for slot in slots:
             slot.free_at = capacity.later(slot.free_at, ends) if ends else None
             self.indexes.touch(slot.gpu.node)

@@ -1,6 +1,6 @@
 """Placement over plain snapshots: no database, no processes."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -126,3 +126,25 @@ def test_queue_order_is_priority_then_submission_then_name() -> None:
     ]
     result = placement.plan(cluster(("a", 4, "A100", 80)), requests, T0)
     assert [d.request.name for d in result.decisions] == ["z-urgent", "b-early", "a-late", "c-late"]
+
+
+@pytest.mark.parametrize("backfill", [False, True])
+def test_run_times_past_the_last_datetime_do_not_stop_a_pass(backfill: bool) -> None:
+    """A pass must not fail on far deadlines (stored before durations were limited, or a
+    long queue of them one after another): those times saturate at 'never'."""
+    forever = timedelta(days=365 * 100)  # a century: past datetime.max from `last`
+    last = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+    pools = {"p": placement.Pool("p", backfill=backfill)}
+    world = Snapshot(
+        nodes=[Node("n1")],
+        gpus=[GPU("n1", 0, "A100", 80 * GI)],
+        pools=pools,
+        allocations=[Allocation("default", "old", "old-1", "n1", (0,), ends=last)],
+    )
+    queue = [
+        req(name, 1, pool="p", runtime=forever, deadline=int(forever.total_seconds()))
+        for name in ("a", "b", "c")
+    ]
+    result = placement.plan(world, queue, T0)
+    ahead = [d.placement is not None and bool(d.placement.after) for d in result.decisions]
+    assert ahead == [True, False, False]  # a: next on the GPU; b and c wait
