@@ -108,15 +108,16 @@ def diff(
 
 
 def _resource_and_names(resource: str, names: list[str]) -> list[tuple[kinds.KindInfo, list[str]]]:
-    """`jobs a b`, or `job/a job/b sweep/c` as kubectl takes them: the names of each kind, the
-    kinds in the order first named."""
+    """`jobs a b`, `sweeps,jobs` (each kind, with the names if any), or `job/a job/b sweep/c`
+    as kubectl takes them: the names of each kind, the kinds in the order first named."""
     if "/" not in resource:
         slashed = next((n for n in names if "/" in n), None)
         if slashed is not None:
             raise errors.Invalid(
                 f"{slashed}: name objects as KIND NAME... or as KIND/NAME..., not both"
             )
-        return [(kinds.by_word(resource), names)]
+        found = {info.kind: info for info in map(kinds.by_word, resource.split(","))}
+        return [(info, names) for info in found.values()]
     groups: dict[str, tuple[kinds.KindInfo, list[str]]] = {}
     for given in [resource, *names]:
         word, slash, name = given.partition("/")
@@ -439,6 +440,7 @@ def delete(
     ignore_not_found: bool,
     wait: bool,
     db_url: str | None,
+    all_namespaces: bool = False,
 ) -> None:
     from gctl.store import db, store
 
@@ -450,6 +452,7 @@ def delete(
         selector_text=selector_text,
         all_=all_,
         namespace=namespace,
+        all_namespaces=all_namespaces,
     )
     database = db.Database.open(db_url)
     with database.read() as session:
@@ -487,7 +490,12 @@ def _delete_targets(
     selector_text: str | None,
     all_: bool,
     namespace: str | None,
+    all_namespaces: bool = False,
 ) -> list[Target]:
+    """What to delete: named objects, or (name None) every object of a kind that the selector
+    or --all picks, in one namespace or, with -A, in all of them (namespace None)."""
+    if all_namespaces and (files or names or "/" in (resource or "")):
+        raise errors.Invalid("-A/--all-namespaces goes with KIND -l SELECTOR or KIND --all")
     if files:
         from gctl.api import manifest
 
@@ -505,10 +513,10 @@ def _delete_targets(
     ]
     if named:
         return named
-    info = groups[0][0]
     if not (all_ or selector_text):
-        raise errors.Invalid(f"name the {info.plural} to delete, or use -l SELECTOR or --all")
-    return [(info, None, _where(info, namespace, False))]
+        plural = " and ".join(info.plural for info, _ in groups)
+        raise errors.Invalid(f"name the {plural} to delete, or use -l SELECTOR or --all")
+    return [(info, None, _where(info, namespace, all_namespaces)) for info, _ in groups]
 
 
 def _expand(
@@ -521,7 +529,8 @@ def _expand(
             continue
         label_selector = selector.parse(selector_text) if selector_text and not all_ else None
         for wire in reader.list_wire(kinds.model(info.kind), where, label_selector):
-            expanded.append((info, wire["metadata"]["name"], where))
+            metadata = wire["metadata"]
+            expanded.append((info, metadata["name"], metadata.get("namespace", where)))
     return expanded
 
 

@@ -263,6 +263,7 @@ def delete(
     selector: SelectorOpt = None,
     all_: Annotated[bool, typer.Option("--all", help="Every object of the kind.")] = False,
     namespace: NamespaceOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
     ignore_not_found: Annotated[
         bool, typer.Option("--ignore-not-found", help="Treat a missing object as deleted.")
     ] = False,
@@ -285,6 +286,7 @@ def delete(
         ignore_not_found=ignore_not_found,
         wait=wait,
         db_url=db,
+        all_namespaces=all_namespaces,
     )
 
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 import gctl as gctl_package
-from gctl.api import job, pool
+from gctl.api import job, pool, sweep
 from gctl.store import db, store
 from tests.builders import JobBuilder, make_job
 from tests.conftest import DIALECTS, Gctl, Result
@@ -44,7 +44,7 @@ EXAMPLE_ROWS = {
     "train-small": ["train-small", "Pending", "2", "default", "5"],
 }
 EXAMPLE_JOBS = sorted(EXAMPLE_ROWS)
-MODELS = {"Job": job.Job, "GPUPool": pool.GPUPool}  # the kinds a manifest may hold
+MODELS = {"Job": job.Job, "GPUPool": pool.GPUPool, "Sweep": sweep.Sweep}  # what seed() reads
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -953,6 +953,25 @@ def test_delete(gctl: Gctl, database: db.Database, argv: list[str], deleted: lis
     assert sorted(stored(database)) == sorted(set(EXAMPLE_JOBS) - gone)
     pools = list(stored(database, pool.GPUPool, None))
     assert pools == ([] if "gpupool/default" in deleted else ["default"])
+
+
+def test_delete_of_several_kinds_in_every_namespace_is_a_kill_all(
+    gctl: Gctl, database: db.Database, tmp_path: Path
+) -> None:
+    """As kubectl: `delete KIND,KIND --all -A`, each kind in every namespace (a Sweep with its
+    Jobs, so that it creates none again); -A only with --all or -l."""
+    sweep = "kind: Sweep\nmetadata: {name: sw}\nspec: {items: [a], template: {spec: {command: x}}}"
+    write(tmp_path / "sweep.yaml", f"apiVersion: gctl/v1\n{sweep}\n")
+    seed(database, make_job("here"), make_job("there").in_namespace("other"), tmp_path)
+    refused = gctl("delete", "jobs", "here", "-A")
+    assert "-A/--all-namespaces goes with" in error_line(refused)
+    out = gctl.ok("delete", "sweeps,jobs", "--all", "-A")
+    assert out.splitlines() == [
+        'sweep.gctl "sw" deleted',
+        'job.gctl "here" deleted',
+        'job.gctl "there" deleted',
+    ]
+    assert list(stored(database, job.Job, None)) == []
 
 
 @pytest.mark.parametrize(
