@@ -18,6 +18,11 @@ SOURCE = "controller/jobs"
 BACKOFF_BASE = timedelta(seconds=10)
 BACKOFF_CAP = timedelta(minutes=6)
 _OUTCOMES = (job.CONDITION_COMPLETE, job.CONDITION_FAILED)
+# The one requeue that goes on with the same run: a retry after a failure, as Kubernetes'
+# activeDeadlineSeconds covers a Job's retries. Every other (suspended, preempted, evicted, a
+# lost attempt, a re-run) counts no failure and ends the run: its start time is cleared, and
+# the deadline counts again from the next start, as Kubernetes resets a resumed Job's startTime.
+_SAME_RUN = frozenset({job.REASON_BACKOFF})
 
 
 def backoff(failures: int, base: timedelta = BACKOFF_BASE) -> timedelta:
@@ -229,8 +234,9 @@ def _account(
         _record_started(writer, j, latest)
     status = j.status
     status.exit_code = latest.status.exit_code
-    # A Job bound ahead gets its start time from its first attempt that started, even one
-    # that ended before the controller saw it run (activeDeadlineSeconds counts from it).
+    # A Job bound ahead gets its start time from the first attempt of its run that started,
+    # even one that ended before the controller saw it run (activeDeadlineSeconds counts from
+    # it); a requeue that ends the run clears it again (`_SAME_RUN`).
     status.start_time = status.start_time or latest.status.start_time
     # What ended the attempt is what the agent observed: a stop asked for after the process
     # had already exited on its own does not count (its status.reason says how it ended).
@@ -380,11 +386,14 @@ def _requeue(
     *,
     warning: bool = False,
 ) -> None:
+    """Back to the queue, saying why; a run that ends here (`_SAME_RUN`) forgets its start."""
     j.status.phase = "Pending"
     j.status.reason = reason
     j.status.message = message
     j.status.node = None
     j.status.gpus = None
+    if reason not in _SAME_RUN:
+        j.status.start_time = None
     meta.set_condition(
         j.status.conditions,
         job.CONDITION_SCHEDULED,

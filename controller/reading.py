@@ -179,17 +179,18 @@ def allocation_of(
     b: binding.Binding, owner: Wire | None, run_times: dict[str, timedelta]
 ) -> placement.Allocation:
     """An active Binding as placement sees it; its end is known from its Job's deadline
-    (counted from the first bind) or, failing that, its command's usual run time."""
+    (counted from the start of the Job's run, `status.startTime`) or, failing that, its
+    command's usual run time."""
     spec = owner["spec"] if owner else {}
     status = owner["status"] if owner else {}
     started = b.status.start_time
     if started is None and not binding.movable(b.spec, b.status):
         started = b.metadata.creation_timestamp
     ends = None
-    first_bind = parse_time(status.get("startTime"))
+    run_started = parse_time(status.get("startTime"))
     deadline = deadline_of(spec)
-    if deadline is not None and first_bind is not None:
-        ends = first_bind + timedelta(seconds=deadline)
+    if deadline is not None and run_started is not None:
+        ends = run_started + timedelta(seconds=deadline)
     elif (usual := run_times.get(command_key(spec.get("command")))) and started is not None:
         ends = started + usual
     return placement.Allocation(

@@ -402,8 +402,10 @@ def _bound(
     # The exit code is the last ended attempt's: kept while the Job waits in the queue (it
     # says how the attempt before ended), gone once a new attempt is bound, until it ends.
     status.exit_code = None
-    # activeDeadlineSeconds counts from the first start (time in the queue does not count) and
-    # is never reset by a retry; a Job bound ahead starts when its agent starts it.
+    # activeDeadlineSeconds counts from the start of the Job's run (time in the queue does not
+    # count): its first start, kept by a retry after a failure, cleared by a requeue that
+    # counts none (suspend, preemption, eviction, a lost attempt: controller.jobs), so the
+    # next bind starts a run again. A Job bound ahead starts when its agent starts it.
     if not after:
         status.start_time = status.start_time or now
     status.reason = None

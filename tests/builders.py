@@ -2,12 +2,14 @@
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from gctl.api import binding, job, meta, node
 from gctl.store import db, store
+
+T = TypeVar("T", bound=meta.Resource)
 
 
 @dataclass
@@ -151,3 +153,9 @@ def report_attempt(
             ok = "Completed" if exit_code == 0 else "Error"
             attempt.status.reason = attempt.spec.stop_reason or ok
         writer.update_status(attempt)
+
+
+def stored(database: db.Database, cls: type[T], name: str, namespace: str = "default") -> T:
+    """The object of kind `cls` named `name` as stored now, read in a transaction of its own."""
+    with database.read() as session:
+        return store.Store(session).get(cls, name, namespace)
