@@ -359,21 +359,9 @@ def retry_after(w: Wire) -> datetime | None:
     return parse_time(w["status"].get("retryAfter"))
 
 
-def waiting(w: Wire, now: datetime, succeeded: set[Key]) -> bool:
-    """Whether a pending Job must not be placed yet: suspended, deleting, in back-off, or a
-    dependency has not succeeded (checked here, not trusted from a status field)."""
-    after = retry_after(w)
-    namespace = key(w)[0]
-    return bool(
-        w["spec"].get("suspend")
-        or w["metadata"].get("deletionTimestamp")
-        or (after is not None and after > now)
-        or any((namespace, d) not in succeeded for d in w["spec"].get("dependsOn", []))
-    )
-
-
 def succeeded_dependencies(reader: store.Store, pending: list[Wire]) -> set[Key]:
-    wanted = {(key(w)[0], d) for w in pending for d in w["spec"].get("dependsOn", [])}
+    """The names the pending Jobs wait for that have succeeded, as `queue.held` needs them."""
+    wanted = queue.needed(pending)
     found = set()
     for namespace, name in wanted:
         # A Job of that name, else a Sweep: succeeded once all its Jobs have (controller.sweeps)

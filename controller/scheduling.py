@@ -9,8 +9,8 @@ One pass is one transaction, in three steps:
 3. apply: each placement creates the attempt's Binding (named `<job>-<attempt>`, unique, so a
    second controller racing on the same attempt fails) and moves the Job to Scheduled with the
    CAS of the Job it read; each preemption sets `stopReason: Preempted` on its victims'
-   Bindings; each Job left waiting gets its Scheduled=False condition, queue position and
-   estimated start, written only when they changed.
+   Bindings; each Job left waiting gets its Scheduled=False condition and estimated start,
+   written only when they changed (its place in the queue is not stored: gctl.api.queue).
 
 A pass binds at most `Limits.binds` Jobs, writes at most `Limits.writes` waiting Jobs and starts
 no write after `Limits.seconds` of writing (as Slurm's scheduler stops after so many starts or
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controller import diagnosis, jobs, placement, reading
-from gctl.api import binding, job, meta
+from gctl.api import binding, job, meta, queue
 from gctl.store import bulk, store
 
 SOURCE = "controller/scheduler"
@@ -115,7 +115,7 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
     eligible: list[Wire] = []
     held: list[Wire] = []
     for w in pending:
-        (held if reading.waiting(w, now, succeeded) else eligible).append(w)
+        (held if queue.held(w, now, succeeded) else eligible).append(w)
     complete = True
     budget = _Budget.of(limits)
     on_metrics = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)

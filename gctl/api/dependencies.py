@@ -38,13 +38,23 @@ def of_job(wire: Mapping[str, Any]) -> Waiter:
 
 
 def of_sweep(wire: Mapping[str, Any]) -> Waiter:
-    """A stored Sweep, with what its Jobs need. It waits until it has succeeded for its
-    current generation (as a dependency on it is counted: controller.sweeps.dependency)."""
-    spec, status = wire["spec"], wire["status"]
+    """A stored Sweep, with what its Jobs need. It waits until it has `succeeded`."""
+    spec = wire["spec"]
     template = spec.get("template", {}).get("spec", {})
     needs = dict.fromkeys([*template.get("dependsOn", []), *spec.get("dependsOn", [])])
-    current = status.get("observedGeneration") == wire["metadata"].get("generation")
-    return Waiter(SWEEP, tuple(needs), not (status.get("phase") == "Succeeded" and current))
+    return Waiter(SWEEP, tuple(needs), not succeeded(wire))
+
+
+def succeeded(wire: Mapping[str, Any]) -> bool:
+    """Whether a stored Job or Sweep counts as succeeded for what depends on it: a Job once
+    Succeeded; a Sweep once Succeeded for its current generation (a Sweep changed since its
+    status was written may have new points), as controller.sweeps.dependency counts it."""
+    status = wire["status"]
+    if status.get("phase") != "Succeeded":
+        return False
+    if wire.get("kind", JOB) != SWEEP:
+        return True
+    return bool(status.get("observedGeneration") == wire["metadata"].get("generation"))
 
 
 def cycle(start: str, graph: Mapping[str, Waiter], owner: str | None = None) -> list[str] | None:

@@ -1,30 +1,82 @@
-"""A pool's queue, from stored Jobs alone: which Jobs wait and in what order.
+"""A pool's queue, from stored Jobs alone: which Jobs wait in it and in what order.
 
-Plain data, no pydantic: the scheduler orders its requests by `order_key`, and `gctl get jobs -o
-wide` and `gctl describe job` number the queue with `positions` when they print, as Kueue's
-visibility API does. The positions are not stored: every Job that starts moves everyone behind
-it, and rewriting thousands of queued Jobs for that would cost more than the scheduling.
+Plain data, no pydantic: the scheduling pass leaves the Jobs `held` out of its queue and orders
+its requests by `order_key`, and `gctl get jobs -o wide` and `gctl describe job` number the same
+queue with `positions` when they print, as Kueue's visibility API does. The positions are not
+stored: every Job that starts moves everyone behind it, and rewriting thousands of queued Jobs
+for that would cost more than the scheduling.
 """
 
+from collections.abc import Container, Iterable
 from datetime import UTC, datetime
 from typing import Any
+
+from gctl.api import dependencies
 
 DEFAULT_POOL = "default"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Wire = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name)
+
+
+def key(wire: Wire) -> Key:
+    return wire["metadata"].get("namespace", ""), wire["metadata"]["name"]
 
 
 def pool_of(wire: Wire) -> str:
     return str(wire["spec"].get("pool") or DEFAULT_POOL)
 
 
-def queued(wire: Wire) -> bool:
-    """A Job in its pool's queue: Pending, not suspended, not being deleted."""
-    return (
-        wire["status"].get("phase", "Pending") == "Pending"
-        and not wire["spec"].get("suspend")
-        and not wire["metadata"].get("deletionTimestamp")
+def pending(wire: Wire) -> bool:
+    return bool(wire["status"].get("phase", "Pending") == "Pending")
+
+
+def held(wire: Wire, now: datetime, succeeded: Container[Key] | None = None) -> bool:
+    """Whether a pending Job is kept out of its pool's queue: suspended, being deleted,
+    waiting out a back-off (`status.retryAfter` still ahead), or waiting for a name in
+    `dependsOn` that is not in `succeeded` (what has succeeded is looked up, not trusted from
+    the Job's status). The scheduling pass places none of these, nor numbers them.
+    `succeeded` None: dependencies are not looked at (what the Job alone says)."""
+    retry = wire["status"].get("retryAfter")
+    namespace = key(wire)[0]
+    return bool(
+        wire["spec"].get("suspend")
+        or wire["metadata"].get("deletionTimestamp")
+        or (retry is not None and datetime.fromisoformat(retry) > now)
+        or (
+            succeeded is not None
+            and any((namespace, d) not in succeeded for d in wire["spec"].get("dependsOn", []))
+        )
     )
+
+
+def queued(wire: Wire, now: datetime, succeeded: Container[Key]) -> bool:
+    """A Job in its pool's queue: Pending and not `held`."""
+    return pending(wire) and not held(wire, now, succeeded)
+
+
+def needed(jobs: Iterable[Wire]) -> set[Key]:
+    """What the pending Jobs among `jobs` name in `dependsOn`: the names `succeeded` must be
+    told of to say which of them are queued."""
+    return {
+        (key(wire)[0], name)
+        for wire in jobs
+        if pending(wire)
+        for name in wire["spec"].get("dependsOn", [])
+    }
+
+
+def succeeded(found: Iterable[Wire]) -> set[Key]:
+    """Of stored Jobs and Sweeps (those named in `dependsOn`), the ones that count as
+    succeeded (`dependencies.succeeded`). A name is a Job first: a Sweep counts only where no
+    Job of its name is among `found`."""
+    found = list(found)
+    jobs = {key(w) for w in found if w.get("kind", dependencies.JOB) == dependencies.JOB}
+    return {
+        key(w)
+        for w in found
+        if dependencies.succeeded(w) and (w.get("kind") != dependencies.SWEEP or key(w) not in jobs)
+    }
 
 
 def order_key(
@@ -45,14 +97,15 @@ def wire_key(wire: Wire) -> tuple[int, datetime, str, str]:
     )
 
 
-def positions(jobs: list[Wire]) -> dict[tuple[str, str], int]:
-    """(namespace, name) -> place in its pool's queue, 1 being next, for every queued Job."""
-    found: dict[tuple[str, str], int] = {}
+def positions(jobs: Iterable[Wire], now: datetime, succeeded: Container[Key]) -> dict[Key, int]:
+    """(namespace, name) -> place in its pool's queue, 1 being next, for every queued Job
+    (`queued`; `succeeded`: the dependencies that have, as `succeeded` finds them)."""
+    found: dict[Key, int] = {}
     by_pool: dict[str, list[Wire]] = {}
     for wire in jobs:
-        if queued(wire):
+        if queued(wire, now, succeeded):
             by_pool.setdefault(pool_of(wire), []).append(wire)
     for waiting in by_pool.values():
         for place, wire in enumerate(sorted(waiting, key=wire_key), start=1):
-            found[(wire["metadata"].get("namespace", ""), wire["metadata"]["name"])] = place
+            found[key(wire)] = place
     return found

@@ -7,7 +7,7 @@ fast. Commands that validate or write import what they need when they run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -168,13 +168,30 @@ def _list(
     return listing.Snapshot(revision, wires)
 
 
-def _number_queue(shown: list[views.Wire], jobs: list[views.Wire]) -> None:
-    """Give the queued Jobs shown their place in their pool's queue, for printing only."""
-    places = queue.positions(jobs)
+# Stored objects of a kind in a namespace, by name: (kind, namespace, names) -> wires.
+Reader = Callable[[kinds.KindInfo, str, list[str]], list[views.Wire]]
+
+
+def _number_queue(shown: list[views.Wire], jobs: list[views.Wire], read: Reader) -> None:
+    """Give the queued Jobs shown their place in their pool's queue, for printing only: of
+    `jobs` (every pending Job, at least), those the scheduling pass queues. Those it leaves
+    alone (suspended, in back-off, waiting for a dependency) get none; what they depend on is
+    read with `read`, a Job first, then a Sweep, as the pass looks it up."""
+    needed = queue.needed(jobs)
+    found = _read_keys(read, kinds.JOB, needed)
+    found += _read_keys(read, kinds.SWEEP, needed - {queue.key(w) for w in found})
+    places = queue.positions(jobs, datetime.now(UTC), queue.succeeded(found))
     for wire in shown:
-        key = (wire["metadata"].get("namespace", ""), wire["metadata"]["name"])
-        if key in places:
+        if (key := queue.key(wire)) in places:
             wire["status"]["queuePosition"] = places[key]
+
+
+def _read_keys(read: Reader, info: kinds.KindInfo, keys: set[queue.Key]) -> list[views.Wire]:
+    """The stored objects of a kind with these (namespace, name), one read a namespace."""
+    names: dict[str, list[str]] = {}
+    for namespace, name in sorted(keys):
+        names.setdefault(namespace, []).append(name)
+    return [w for namespace, its in names.items() for w in read(info, namespace, its)]
 
 
 def _with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[views.Wire]:
@@ -310,7 +327,8 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
     if table is not None:
         if info is kinds.JOB and output == "wide":
             whole = where is None and not names and label_selector is None
-            _number_queue(wires, wires if whole else _list(db_url, kinds.JOB, None, None).wires)
+            every = wires if whole else _list(db_url, kinds.JOB, None, None).wires
+            _number_queue(wires, every, lambda kind, ns, its: _list(db_url, kind, ns, its).wires)
         if info is kinds.GPUPOOL and not names and label_selector is None:
             wires = views.with_implicit_default(wires)
         wires = _with_views(db_url, info.kind, wires)
@@ -414,9 +432,13 @@ def _describe_kind(
             _no_resources(info, where)
             return
         events = [reader.events_for(cls.model_validate(wire)) for wire in wires]
-        if info is kinds.JOB and any(queue.queued(w) for w in wires):
-            _number_queue(wires, reader.pending_wires())
         now, width = datetime.now(UTC), fitting.screen_width(sys.stdout)
+        if info is kinds.JOB and any(queue.pending(w) and not queue.held(w, now) for w in wires):
+            _number_queue(
+                wires,
+                reader.pending_wires(),
+                lambda kind, ns, its: reader.list_wire(kinds.model(kind.kind), ns, names=its),
+            )
         chain = describing.Chain(reader)  # each namespace's Jobs and Sweeps, read once
         texts = [
             describing.render(w, found, now, describing.related(reader, w, chain, width), width)

@@ -69,10 +69,13 @@ def _waiting(j: job.Job) -> tuple[str, str]:
     return said.reason, said.message
 
 
-def _places(database: db.Database) -> dict[tuple[str, str], int]:
-    """Places in the queue as `gctl get jobs -o wide` numbers them."""
+def _places(database: db.Database, now: datetime = T0) -> dict[tuple[str, str], int]:
+    """Places in the queue as `gctl get jobs -o wide` numbers them, with the dependencies
+    that succeeded as the scheduling pass finds them."""
     with database.read() as session:
-        return queue.positions(store.Store(session).pending_wires())
+        reader = store.Store(session)
+        pending = reader.pending_wires()
+        return queue.positions(pending, now, reading.succeeded_dependencies(reader, pending))
 
 
 def _revision(database: db.Database) -> int:
@@ -272,6 +275,33 @@ def test_a_suspended_job_leaves_the_queue(database: db.Database) -> None:
         writer.update(second)
     _schedule(database)
     assert ("default", "second") not in _places(database)
+
+
+def test_jobs_in_back_off_or_waiting_for_dependencies_have_no_place(
+    database: db.Database,
+) -> None:
+    """The pass leaves them alone: numbering them put the Jobs it queues further back."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        _without_binding_ahead(writer)
+        writer.create(make_job("first").build())
+        waiter = make_job("waiter").priority(100).build()
+        waiter.spec.depends_on = ["ghost"]
+        writer.create(waiter)
+        flaky = writer.create(make_job("flaky").priority(50).build())
+        flaky.status.failed = 1
+        flaky.status.retry_after = T0 + timedelta(seconds=20)
+        writer.update_status(flaky)
+        writer.create(make_job("next").build())
+    _settle(database)
+    assert _waiting(_job(database, "next")) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
+    assert not _job(database, "waiter").status.conditions  # not in the queue: never told
+    assert _places(database) == {("default", "next"): 1}
+    later = T0 + timedelta(seconds=30)  # flaky's back-off is over: it queues again, first
+    _settle(database, later)
+    assert _waiting(_job(database, "flaky"))[0] == "Unschedulable"
+    assert _places(database, later) == {("default", "flaky"): 1, ("default", "next"): 2}
 
 
 def test_a_resumed_job_bound_before_its_reconcile_is_no_longer_suspended(

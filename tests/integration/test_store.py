@@ -6,6 +6,7 @@ import re
 import stat
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def test_jobs_created_together_queue_in_the_order_given(database: db.Database) -
         created = {j.name: j.metadata.creation_timestamp for j in reader.list_objects(job.Job)}
     assert [w["metadata"]["name"] for w in pending] == ["zeta", "alpha", "mid"]
     assert created["zeta"] < created["alpha"] < created["mid"]
-    assert queue.positions(pending) == {
+    assert queue.positions(pending, datetime.now(UTC), set()) == {
         ("default", "zeta"): 1,
         ("default", "alpha"): 2,
         ("default", "mid"): 3,

@@ -1,0 +1,96 @@
+"""A pool's queue from stored Jobs (gctl.api.queue): which Jobs are in it, as the scheduler
+decides, and their places as `get jobs -o wide` and `describe job` number them."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gctl.api import queue
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _job(name: str, priority: int = 0, phase: str = "Pending", **fields: Any) -> queue.Wire:
+    """A stored Job; `fields` go to its spec, but `retryAfter`, `deleting` and `status`."""
+    status: dict[str, Any] = {"phase": phase, **fields.pop("status", {})}
+    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
+    if retry := fields.pop("retryAfter", None):
+        status["retryAfter"] = retry.isoformat()
+    if fields.pop("deleting", False):
+        metadata["deletionTimestamp"] = NOW.isoformat()
+    spec = {"command": ["true"], "priority": priority, **fields}
+    return {"kind": "Job", "metadata": metadata, "spec": spec, "status": status}
+
+
+def _sweep(name: str, phase: str, observed: int | None = 1) -> queue.Wire:
+    return {
+        "kind": "Sweep",
+        "metadata": {"name": name, "namespace": "default", "generation": 1},
+        "spec": {"items": ["a"], "template": {"spec": {"command": ["true"]}}},
+        "status": {"phase": phase, "observedGeneration": observed},
+    }
+
+
+@pytest.mark.parametrize(
+    ("why", "wire", "held"),
+    [
+        ("plain", _job("a"), False),
+        ("suspended", _job("a", suspend=True), True),
+        ("being deleted", _job("a", deleting=True), True),
+        ("backing off", _job("a", retryAfter=NOW + timedelta(seconds=10)), True),
+        ("back-off over", _job("a", retryAfter=NOW - timedelta(seconds=1)), False),
+        ("waits for a Job", _job("a", dependsOn=["train"]), True),
+        ("its dependency succeeded", _job("a", dependsOn=["done"]), False),
+        ("one of two succeeded", _job("a", dependsOn=["done", "train"]), True),
+    ],
+)
+def test_held_jobs_are_those_the_scheduler_leaves_alone(
+    why: str, wire: queue.Wire, held: bool
+) -> None:
+    assert queue.held(wire, NOW, {("default", "done")}) is held, why
+    assert queue.queued(wire, NOW, {("default", "done")}) is not held, why
+
+
+def test_only_queued_jobs_are_numbered() -> None:
+    """QA's case: a Job waiting for dependsOn (priority 100) and one in back-off (priority 50)
+    were numbered 1 and 2, and the only Job the scheduler considered 3."""
+    jobs = [
+        _job("aa-waiter", 100, dependsOn=["ghost"]),
+        _job("flaky", 50, retryAfter=NOW + timedelta(seconds=20), status={"failed": 1}),
+        _job("paused", 60, suspend=True),
+        _job("running", 70, phase="Running"),
+        _job("after-done", 10, dependsOn=["done"]),
+        _job("zz-big"),
+        _job("done", 5, phase="Succeeded"),
+    ]
+    succeeded = queue.succeeded(jobs)
+    assert queue.positions(jobs, NOW, succeeded) == {
+        ("default", "after-done"): 1,
+        ("default", "zz-big"): 2,
+    }
+    later = NOW + timedelta(seconds=30)  # flaky's back-off is over: it is queued again
+    assert queue.positions(jobs, later, succeeded)[("default", "flaky")] == 1
+
+
+def test_what_pending_jobs_wait_for() -> None:
+    jobs = [
+        _job("a", dependsOn=["x", "y"]),
+        _job("b", phase="Running", dependsOn=["z"]),  # started: it waits for nothing now
+        _job("c", suspend=True, dependsOn=["w"]),
+    ]
+    assert queue.needed(jobs) == {("default", "x"), ("default", "y"), ("default", "w")}
+
+
+def test_a_dependency_succeeded_as_the_scheduler_counts_it() -> None:
+    """A Job once Succeeded; a Sweep once Succeeded for its current generation; a name is a
+    Job first, so a Sweep of the name of a Job that has not succeeded does not count."""
+    found = [
+        _job("train", phase="Succeeded"),
+        _job("eval", phase="Running"),
+        _sweep("grid", "Succeeded"),
+        _sweep("changed", "Succeeded", observed=None),
+        _sweep("eval", "Succeeded"),
+        _sweep("lr", "Running"),
+    ]
+    assert queue.succeeded(found) == {("default", "train"), ("default", "grid")}
