@@ -130,7 +130,9 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
         budget = _Budget.of(limits)  # the time limit counts from the first write
         _apply(writer, result.decisions, by_key, world, now, budget=budget)
         complete = result.complete
-        on_metrics = any(_waits_on_metrics(d, world.snapshot.pools) for d in result.decisions)
+        foreign = any(g.foreign_memory for g in world.snapshot.gpus)
+        pools = world.snapshot.pools
+        on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
     _forget_queue(writer, held, budget)
     if complete and budget.follow_up:
         return now + FOLLOW_UP
@@ -142,12 +144,15 @@ def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None
     return due
 
 
-def _waits_on_metrics(d: placement.Decision, pools: dict[str, placement.Pool]) -> bool:
-    """Whether a waiting Job may fit once a GPU reports less load: it asks for GPU memory
-    (processes outside gctl hold some), or its pool has utilization or memory-used limits."""
+def _waits_on_metrics(
+    d: placement.Decision, pools: dict[str, placement.Pool], foreign: bool
+) -> bool:
+    """Whether a waiting Job may fit once a GPU reports less load: it asks for GPU memory while
+    processes outside gctl hold some (`foreign`), or its pool has utilization or memory-used
+    limits."""
     if d.placement is not None or d.reason != job.REASON_UNSCHEDULABLE:
         return False
-    if d.request.gpu_memory is not None:
+    if d.request.gpu_memory is not None and foreign:
         return True
     rules = pools.get(d.request.pool)
     return rules is not None and (

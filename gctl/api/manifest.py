@@ -117,6 +117,9 @@ def parse(file: str, text: str) -> list[Manifest]:
             break
         except yaml.YAMLError as exc:
             raise errors.Invalid(f"{file}: document {index + 1}: {_yaml_problem(exc)}") from None
+        except ValueError as exc:  # a scalar the constructors refuse: an int of 5,000 digits
+            why = str(exc).split(";")[0]  # not Python's advice on sys.set_int_max_str_digits
+            raise errors.Invalid(f"{file}: document {index + 1}: invalid value: {why}") from None
         index += 1
         if document is None:
             continue

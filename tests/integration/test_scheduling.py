@@ -478,14 +478,17 @@ def test_a_job_waiting_on_gpu_readings_is_decided_again_until_they_drop(
     assert _job(database, "fits-later").status.phase == "Scheduled"
 
 
+@pytest.mark.parametrize("memory", [None, "8Gi"], ids=["no-memory", "gpu-memory"])
 def test_a_job_waiting_only_for_gctl_jobs_is_not_decided_again_on_a_timer(
-    database: db.Database,
+    database: db.Database, memory: str | None
 ) -> None:
+    """Even one that declares gpuMemory: no process outside gctl holds any."""
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", 1)
         _without_binding_ahead(writer)
-        writer.create_many([make_job("first").build(), make_job("second").build()])
+        jobs_ = [make_job(name) for name in ("first", "second")]
+        writer.create_many([(b.memory(memory) if memory else b).build() for b in jobs_])
     _settle(database)
     assert _job(database, "second").status.phase == "Pending"
     assert _schedule(database) is None  # an exit wakes the controller; nothing else can help

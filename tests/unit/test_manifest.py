@@ -139,6 +139,9 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         ("kind: Job\nmetadata: {name: h}\n", "apiVersion is missing"),
         ("apiVersion: gctl/v1\nkind: Job\nkind: Job\n", "line 7, column 1: invalid YAML: key"),
         ("apiVersion: gctl/v1\nkind: Job\nspec: {command: x\n", "invalid YAML"),
+        # scalars YAML's constructors refuse: a 5,000-digit int, a date that is no date
+        (_job(f"{{command: x, resources: {{gpus: 1{'0' * 5000}}}}}"), "invalid value: Exceeds"),
+        ("apiVersion: gctl/v1\nkind: Job\nmetadata: {name: d, a: 2026-13-45}\n", "month must"),
         ("- a\n- b\n", "expected a mapping"),
         (
             "apiVersion: gctl/v1\nkind: GPUPool\nmetadata: {name: p}\nspec: {policy: random}\n",
