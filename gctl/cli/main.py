@@ -352,6 +352,14 @@ def run(
         list[str] | None, typer.Option("--env", help="KEY=VALUE in the environment (repeatable).")
     ] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="The GPUPool to run in.")] = None,
+    node: Annotated[str | None, typer.Option("--node", help="Run on this node only.")] = None,
+    gpu_ids: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-ids",
+            help="Run on these GPU indices, e.g. 0,1 or 0-3 (--gpus defaults to as many).",
+        ),
+    ] = None,
     attach: Annotated[
         bool,
         typer.Option(
@@ -380,6 +388,8 @@ def run(
         labels=labels or [],
         attach=attach,
         db_url=db,
+        node=node,
+        gpu_ids=gpu_ids,
     )
 
 

@@ -129,6 +129,8 @@ def run(
     labels: list[str],
     attach: bool,
     db_url: str | None,
+    node: str | None = None,
+    gpu_ids: str | None = None,
 ) -> None:
     from gctl.store import db
 
@@ -145,6 +147,11 @@ def run(
         )
         if value is not None
     }
+    placement = _placement(node, gpu_ids)
+    if placement:
+        spec["placement"] = placement
+        if "gpus" in placement:  # `--gpu-ids 0,1` alone asks for those two
+            resources.setdefault("gpus", len(placement["gpus"]))
     if resources:
         spec["resources"] = resources
     if priority is not None:
@@ -203,6 +210,22 @@ def _number(text: str | None) -> int | float | str | None:
         except ValueError:
             pass
     return text
+
+
+def _placement(node: str | None, gpu_ids: str | None) -> dict[str, Any]:
+    """spec.placement from --node and --gpu-ids (`0,1`, `0-3`), as srun's --nodelist and the
+    GPU lists of the schedulers gctl replaces pin a job."""
+    from gctl.api import selection
+
+    placement: dict[str, Any] = {}
+    if node is not None:
+        placement["node"] = node
+    if gpu_ids is not None:
+        try:
+            placement["gpus"] = selection.expand_indices([gpu_ids])
+        except ValueError as exc:
+            raise errors.Invalid(f"--gpu-ids {gpu_ids!r}: {exc}") from None
+    return placement
 
 
 def _pairs(flag: str, given: list[str]) -> dict[str, str]:

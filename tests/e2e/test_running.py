@@ -277,6 +277,18 @@ def test_run_attach_prints_the_output_and_exits_with_its_code(
     assert "created" in result.err  # messages go to stderr; stdout is the job's own
 
 
+def test_run_pins_to_the_gpu_ids_and_node_given(gctl: Gctl, cluster: list[str]) -> None:
+    """As srun -w and the GPU lists of the schedulers gctl replaces: --gpu-ids alone asks for
+    as many GPUs; the job sees exactly those."""
+    names = poll(lambda: gctl.ok("get", "nodes", "-o", "name").split(), "the node to register")
+    node = names[0].removeprefix("node.gctl/")
+    argv = ["run", "--attach", "--node", node, "--gpu-ids", "1", "--", "sh", "-c"]
+    result = gctl(*argv, "echo $CUDA_VISIBLE_DEVICES", timeout=DEADLINE)
+    assert (result.code, result.out) == (0, "1\n"), result.err
+    line = error_line(gctl("run", "--gpu-ids", "0,x", "--", "true"))
+    assert "--gpu-ids '0,x': 'x' is not a GPU index" in line
+
+
 @SQLITE_ONLY
 @pytest.mark.parametrize(
     ("gpus", "complaint"),
