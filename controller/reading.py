@@ -17,8 +17,8 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import select
 
-from controller import placement, sweeps
-from gctl.api import binding, job, node, pool, profile, quantity, queue, selection
+from controller import placement
+from gctl.api import binding, job, kinds, node, pool, profile, quantity, queue, selection
 from gctl.store import shared, store, tables
 
 V = TypeVar("V")
@@ -360,11 +360,10 @@ def retry_after(w: Wire) -> datetime | None:
 
 
 def succeeded_dependencies(reader: store.Store, pending: list[Wire]) -> set[Key]:
-    """The names the pending Jobs wait for that have succeeded, as `queue.held` needs them."""
-    wanted = queue.needed(pending)
-    found = set()
-    for namespace, name in wanted:
-        # A Job of that name, else a Sweep: succeeded once all its Jobs have (controller.sweeps)
-        if sweeps.dependency(reader, namespace, name).phase == "Succeeded":
-            found.add((namespace, name))
-    return found
+    """The names the pending Jobs wait for that have succeeded, as `queue.held` needs them:
+    read as the CLI reads them to number the queue (`queue.succeeded_among`)."""
+
+    def read(info: kinds.KindInfo, namespace: str, names: list[str]) -> list[Wire]:
+        return reader.list_wire(kinds.model(info.kind), namespace, names=names)
+
+    return queue.succeeded_among(queue.needed(pending), read)

@@ -7,16 +7,20 @@ stored: every Job that starts moves everyone behind it, and rewriting thousands 
 for that would cost more than the scheduling.
 """
 
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from gctl.api import dependencies
+from gctl.api import dependencies, kinds
 
 DEFAULT_POOL = "default"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Wire = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
+# Stored objects of a kind in one namespace, by name: (kind, namespace, names) -> wires. The
+# scheduling pass reads through its Store, the CLI through the driver.
+ReadNamed = Callable[[kinds.KindInfo, str, list[str]], list[Wire]]
+CHUNK = 500  # names in one read
 
 
 def key(wire: Wire) -> Key:
@@ -77,6 +81,27 @@ def succeeded(found: Iterable[Wire]) -> set[Key]:
         for w in found
         if dependencies.succeeded(w) and (w.get("kind") != dependencies.SWEEP or key(w) not in jobs)
     }
+
+
+def succeeded_among(wanted: Iterable[Key], read: ReadNamed) -> set[Key]:
+    """Of the names Jobs wait for (`needed`), those that have succeeded (`succeeded`): read as
+    Jobs, then the names no Job holds as Sweeps, a few hundred names a read."""
+    wanted = set(wanted)
+    found = _read_named(read, kinds.JOB, wanted)
+    found += _read_named(read, kinds.SWEEP, wanted - {key(w) for w in found})
+    return succeeded(found)
+
+
+def _read_named(read: ReadNamed, info: kinds.KindInfo, keys: set[Key]) -> list[Wire]:
+    names: dict[str, list[str]] = {}
+    for namespace, name in sorted(keys):
+        names.setdefault(namespace, []).append(name)
+    return [
+        wire
+        for namespace, its in names.items()
+        for start in range(0, len(its), CHUNK)
+        for wire in read(info, namespace, its[start : start + CHUNK])
+    ]
 
 
 def order_key(

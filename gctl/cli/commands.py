@@ -7,7 +7,7 @@ fast. Commands that validate or write import what they need when they run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -168,30 +168,16 @@ def _list(
     return listing.Snapshot(revision, wires)
 
 
-# Stored objects of a kind in a namespace, by name: (kind, namespace, names) -> wires.
-Reader = Callable[[kinds.KindInfo, str, list[str]], list[views.Wire]]
-
-
-def _number_queue(shown: list[views.Wire], jobs: list[views.Wire], read: Reader) -> None:
+def _number_queue(shown: list[views.Wire], jobs: list[views.Wire], read: queue.ReadNamed) -> None:
     """Give the queued Jobs shown their place in their pool's queue, for printing only: of
     `jobs` (every pending Job, at least), those the scheduling pass queues. Those it leaves
     alone (suspended, in back-off, waiting for a dependency) get none; what they depend on is
-    read with `read`, a Job first, then a Sweep, as the pass looks it up."""
-    needed = queue.needed(jobs)
-    found = _read_keys(read, kinds.JOB, needed)
-    found += _read_keys(read, kinds.SWEEP, needed - {queue.key(w) for w in found})
-    places = queue.positions(jobs, datetime.now(UTC), queue.succeeded(found))
+    read with `read`, as the pass looks it up (`queue.succeeded_among`)."""
+    succeeded = queue.succeeded_among(queue.needed(jobs), read)
+    places = queue.positions(jobs, datetime.now(UTC), succeeded)
     for wire in shown:
         if (key := queue.key(wire)) in places:
             wire["status"]["queuePosition"] = places[key]
-
-
-def _read_keys(read: Reader, info: kinds.KindInfo, keys: set[queue.Key]) -> list[views.Wire]:
-    """The stored objects of a kind with these (namespace, name), one read a namespace."""
-    names: dict[str, list[str]] = {}
-    for namespace, name in sorted(keys):
-        names.setdefault(namespace, []).append(name)
-    return [w for namespace, its in names.items() for w in read(info, namespace, its)]
 
 
 def _with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[views.Wire]:
