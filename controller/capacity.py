@@ -29,10 +29,7 @@ def plus(moment: datetime, span: timedelta | float) -> datetime:
     """`moment` plus `span` (or that many seconds), or NEVER past the last moment a datetime
     holds: one Job's far deadline, or many of them queued one after another, must not stop a
     pass."""
-    try:
-        return moment + (span if isinstance(span, timedelta) else timedelta(seconds=span))
-    except OverflowError:
-        return NEVER
+    return quantity.after(moment, span) or NEVER
 
 
 def later(a: datetime | None, b: datetime | None) -> datetime | None:

@@ -97,10 +97,11 @@ def format_gpus(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
 
 
-def after(moment: datetime, seconds: float) -> datetime | None:
-    """`moment` plus `seconds`; None when that is past the last moment a datetime holds: a
-    deadline or TTL so far ahead (stored before durations were limited) never comes."""
+def after(moment: datetime, span: timedelta | float) -> datetime | None:
+    """`moment` plus `span` (or that many seconds); None when that is past the last moment a
+    datetime holds: a deadline or TTL so far ahead (stored before durations were limited)
+    never comes."""
     try:
-        return moment + timedelta(seconds=seconds)
+        return moment + (span if isinstance(span, timedelta) else timedelta(seconds=span))
     except OverflowError:
         return None
