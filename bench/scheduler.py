@@ -13,7 +13,10 @@ condition (no agent, no processes), then 10,000 pending Jobs asking for 1, 2 or 
 - scheduling-pass-one-exit: one attempt exits and its Job is accounted; the next pass;
 - scheduling-planner: `placement.plan` alone on the first pass's snapshot, with no limit on
   placements (the reads and writes around it excluded);
-- scheduling-4k: the first pass and the planner again, over 500 nodes (4,000 GPUs).
+- scheduling-4k: the first pass and the planner again, over 500 nodes (4,000 GPUs);
+- scheduling-ahead: 10,000 pending one-GPU Jobs instead, passes until every GPU has a job and
+  the next one bound ahead (the steady state of a lab's long queue of whole-GPU jobs); then a
+  pass with nothing changed, the planner alone on that state, and the pass after one exit.
 """
 
 import time
@@ -34,7 +37,12 @@ MAX_PASSES = 400
 PASS_BUDGET_S = 1.0
 
 
-def _load(database: db.Database, now: datetime, nodes: int = NODES) -> None:
+def _load(
+    database: db.Database,
+    now: datetime,
+    nodes: int = NODES,
+    make: Callable[[int], job.Job] | None = None,
+) -> None:
     with database.write() as session:
         writer = store.Store(session)
         created = writer.create_many(
@@ -54,7 +62,7 @@ def _load(database: db.Database, now: datetime, nodes: int = NODES) -> None:
             found.status.heartbeat_time = now
             meta.set_condition(found.status.conditions, "Ready", "True", "AgentReady", now=now)
             writer.update_status(found)
-        writer.create_many([_job(index) for index in range(PENDING)])
+        writer.create_many([(make or _job)(index) for index in range(PENDING)])
 
 
 def _job(index: int) -> job.Job:
@@ -69,6 +77,14 @@ def _job(index: int) -> job.Job:
     )
 
 
+def _whole_gpu_job(index: int) -> job.Job:
+    """scheduling-ahead: a queue of one-GPU Jobs, the commonest shape of a lab's queue."""
+    return job.Job(
+        metadata=meta.ObjectMeta(name=f"job-{index:05d}", namespace="default"),
+        spec=job.JobSpec(command=["python", "train.py", "--seed", str(index)]),
+    )
+
+
 def _timed_pass(database: db.Database, now: datetime) -> tuple[float, datetime | None]:
     start = time.perf_counter()
     due = store.transact(database, lambda w: scheduling.schedule(w, now))
@@ -80,16 +96,19 @@ def _revision(database: db.Database) -> int:
         return store.Store(session).current_revision()
 
 
-def _time_planner(database: db.Database, now: datetime) -> float:
+def _time_planner(database: db.Database, now: datetime, *, places: bool = True) -> float:
+    """`placement.plan` alone over the pending Jobs and the Jobs bound ahead, as a pass reads
+    them; `places`: it must place some (the GPUs are free)."""
     with database.read() as session:
         reader = store.Store(session)
         world = reading.read_world(reader)
         requests = [reading.request_of(w, world) for w in reader.pending_wires()]
+        requests += [request for request, _ in reading.queued_requests(world)]
     start = time.perf_counter()
     result = placement.plan(world.snapshot, requests, now)
     elapsed = time.perf_counter() - start
     placed = sum(1 for d in result.decisions if d.placement is not None)
-    if placed == 0:
+    if places and placed == 0:
         raise BenchError("the planner placed nothing on 1,000 free GPUs")
     return elapsed
 
@@ -174,6 +193,43 @@ def _measure(database: db.Database) -> list[Result]:
     ]
 
 
+def _bound_ahead(database: db.Database) -> int:
+    with database.read() as session:
+        attempts = store.Store(session).active_bindings()
+    return sum(1 for a in attempts if binding.movable(a.spec, a.status))
+
+
+def bench_scheduling_ahead(ctx: Context) -> list[Result]:
+    """10,000 pending one-GPU Jobs onto 1,000 GPUs: once every GPU runs one and has the next
+    bound ahead, a pass with nothing changed, and the one after an exit."""
+    with job_benchmarks.fresh_database(ctx, "scheduling-ahead") as url:
+        database = db.Database.open(url)
+        try:
+            now = meta.utcnow()
+            progress(f"writing {NODES} nodes x {GPUS_PER_NODE} GPUs, {PENDING:,} one-GPU jobs")
+            _load(database, now, make=_whole_gpu_job)
+            first, due = _timed_pass(database, now)
+            progress("passes until every GPU has a job and the next bound ahead...")
+            passes, fill = _fill(database, now, due)
+            ahead = _bound_ahead(database)
+            planner = _time_planner(database, now, places=False)
+            steady, _ = _timed_pass(database, now)
+            _one_exit(database, now)
+            after_exit, _ = _timed_pass(database, now)
+        finally:
+            database.close()
+    gpus = NODES * GPUS_PER_NODE
+    return [
+        Result(
+            "scheduling-ahead-fill", fill + first, "s", None, kind="info", note=f"{passes} passes"
+        ),
+        Result("scheduling-ahead-bound", ahead, "", float(gpus), kind="check"),
+        Result("scheduling-ahead-steady", steady, "s", PASS_BUDGET_S),
+        Result("scheduling-ahead-one-exit", after_exit, "s", PASS_BUDGET_S),
+        Result("scheduling-ahead-planner", planner * 1000, "ms", None, kind="info"),
+    ]
+
+
 def bench_scheduling_4k(ctx: Context) -> list[Result]:
     """The first pass only, over 10,000 pending Jobs and 4,000 GPUs (500 nodes x 8)."""
     with job_benchmarks.fresh_database(ctx, "scheduling-4k") as url:
@@ -195,4 +251,5 @@ def bench_scheduling_4k(ctx: Context) -> list[Result]:
 BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {
     "scheduling": bench_scheduling,
     "scheduling-4k": bench_scheduling_4k,
+    "scheduling-ahead": bench_scheduling_ahead,
 }
