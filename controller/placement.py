@@ -107,6 +107,8 @@ class _Planner(ahead.BindingAhead):
         self.no_preemption: set[tuple[object, ...]] = set()
         self.no_ahead: dict[tuple[object, ...], int] = {}  # shape -> version it found none at
         self.unknown_start: set[tuple[object, ...]] = set()
+        # shape -> version at which its pool's first blocked Job found no GPUs to reserve
+        self.no_reservation: dict[tuple[object, ...], int] = {}
         self.messages: dict[tuple[object, ...], str] = {}
         self.positions: Counter[str] = Counter()
         self.reserved_pools: set[str] = set()
@@ -250,7 +252,11 @@ class _Planner(ahead.BindingAhead):
         first = pool.name not in self.reserved_pools
         if not first and (self.positions[pool.name] > QUEUE_HEAD or shape in self.unknown_start):
             return None, ()
-        found = self._soonest(request, static, max(1, int(request.gpus)), reserving=first)
+        wanted = max(1, int(request.gpus))
+        if first:
+            found = self._soonest_to_reserve(request, static, wanted, shape)
+        else:
+            found = self._soonest(request, static, wanted, reserving=False)
         if found is None:
             return None, ()
         start, slots = found
@@ -266,6 +272,20 @@ class _Planner(ahead.BindingAhead):
             slot.free_at = capacity.later(slot.free_at, ends) if ends else None
             self.indexes.touch(slot.gpu.node)
         return (start if start > self.now else None), held
+
+    def _soonest_to_reserve(
+        self, request: Request, static: snapshot.Static, wanted: int, shape: tuple[object, ...]
+    ) -> tuple[datetime | None, list[snapshot.Slot]] | None:
+        """`_soonest` for the pool's first blocked Job, which reserves what it finds. While none
+        is found, every Job after it in the pool is the first in turn: a shape that found none
+        finds none until the GPUs' state changes (with every GPU busy and its next job bound
+        ahead, the 500 Jobs of a queue each looked at every GPU, every pass)."""
+        if self.no_reservation.get(shape) == self.version:
+            return None
+        found = self._soonest(request, static, wanted, reserving=True)
+        if found is None:
+            self.no_reservation[shape] = self.version
+        return found
 
     def _soonest(
         self, request: Request, static: snapshot.Static, wanted: int, *, reserving: bool

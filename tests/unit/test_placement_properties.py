@@ -3,7 +3,7 @@ over-committed, closed GPUs take nothing, and a Job is never passed over by a la
 pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
 none is started on, nor reserved on, a GPU whose job bound ahead is about to start; and the
 planner's fit indexes and cached messages decide exactly as looking at every node and working
-out every message would."""
+out every message would, and as every blocked Job looking for GPUs to reserve would."""
 
 import dataclasses
 from collections import defaultdict
@@ -279,6 +279,21 @@ def test_the_head_of_the_queue_is_told_exactly_why_it_waits(
     it, or taken from one worked out since nothing it could show changed."""
     assert len(requests) <= placement.QUEUE_HEAD
     _decides_the_same_without("_why", _exact_why, shot, requests, data)
+
+
+def _look_again(
+    self: placement._Planner, request: Request, static: Static, wanted: int, _shape: object
+) -> tuple[datetime | None, list[placement.snapshot.Slot]] | None:
+    """`_soonest_to_reserve` without its memory: every first blocked Job looks at every GPU."""
+    return self._soonest(request, static, wanted, reserving=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_a_shape_that_found_nothing_to_reserve_is_not_looked_at_again_in_vain(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    _decides_the_same_without("_soonest_to_reserve", _look_again, shot, requests, data)
 
 
 def _after_pass(
