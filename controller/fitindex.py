@@ -72,6 +72,17 @@ class Indexes:
                 heapq.heappush(index.heap, (found[0], name, at, next(_ENTRIES), found[1]))
         return index
 
+    def top(self, index: NodeIndex) -> str | None:
+        """The node whose entry is best (then first by name), as of the node's last change;
+        entries older than that are dropped on the way."""
+        heap = index.heap
+        while heap:
+            name, at = heap[0][1], heap[0][2]
+            if at == self.changed_at.get(name, 0):
+                return name
+            heapq.heappop(heap)
+        return None
+
     def best(
         self, index: NodeIndex, popped: list[Entry]
     ) -> Iterator[tuple[str, list[snapshot.Slot]]]:

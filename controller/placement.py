@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from controller import ahead, capacity, diagnosis, preemption, snapshot
+from controller import ahead, capacity, diagnosis, fitindex, preemption, snapshot
 from gctl.api import binding, job
 
 # The values of `snapshot`, under the names callers use (`placement.Request` ...).
@@ -105,6 +105,9 @@ class _Planner(ahead.BindingAhead):
         self.no_fit: set[tuple[object, ...]] = set()
         self.no_wait: set[tuple[object, ...]] = set()
         self.no_preemption: set[tuple[object, ...]] = set()
+        # ("preempt", shape, priority) -> node -> what preempting there offers, as the node's
+        # entry in the index of that key was last worked out
+        self.preemptions: dict[tuple[object, ...], dict[str, preemption.NodeOption]] = {}
         self.no_ahead: dict[tuple[object, ...], int] = {}  # shape -> version it found none at
         self.unknown_start: set[tuple[object, ...]] = set()
         # shape -> version at which its pool's first blocked Job found no GPUs to reserve
@@ -231,15 +234,46 @@ class _Planner(ahead.BindingAhead):
     ) -> snapshot.Waiting | None:
         if shape in self.no_preemption:
             return None
-        chosen = preemption.choose(
-            request, pool, static, stopping=self.stopping, blocker=self._blocker, now=self.now
-        )
+        chosen = self._victims(request, pool, static, shape)
         if chosen is None:
             self.no_preemption.add(shape)
             return None
         self.stopping.update(chosen.victims)
         held = self._reserve(request, pool, chosen.slots, None)
         return snapshot.Waiting(chosen.message(), chosen.victims, held)
+
+    def _victims(
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
+    ) -> preemption.Choice | None:
+        """`preemption.choose`, for a request that holds no place yet, from an index of what
+        preempting on each node offers its shape and priority: a node is looked at again only
+        after its GPUs changed (1,000 Jobs of higher priority over 1,000 busy GPUs looked at
+        every GPU for each, and a pass took 5 s; over 2,000 GPUs, 27 s)."""
+        if request.queued is not None:  # its own place is where it may not preempt
+            return preemption.choose(
+                request, pool, static, stopping=self.stopping, blocker=self._blocker, now=self.now
+            )
+        key = ("preempt", *shape, request.priority)
+        offers = self.preemptions.setdefault(key, {})
+
+        def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
+            found = preemption.on_node(
+                name,
+                slots,
+                request,
+                pool,
+                stopping=self.stopping,
+                blocker=self._blocker,
+                now=self.now,
+            )
+            if found is None:
+                offers.pop(name, None)
+                return None
+            offers[name] = found
+            return found.key, found.choice.slots
+
+        best = self.indexes.top(self.indexes.index(key, static.groups, option))
+        return None if best is None else offers[best].choice
 
     # -- 6. reserve, estimate and explain --------------------------------------------------------
 

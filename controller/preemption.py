@@ -56,24 +56,55 @@ def choose(
     """The cheapest node to preempt on for `request`, or None when no stop lets it in."""
     if not any(evictable(a, request, stopping) for s in static.slots for a in s.allocations):
         return None
-    wanted = max(1, int(request.gpus))
-    options = []
-    for name, slots in static.groups:
-        costs = [
-            (s, v)
-            for s in slots
-            if (v := _victims_for(s, request, pool, stopping=stopping, blocker=blocker, now=now))
-            is not None
-        ]
-        if len(costs) >= wanted:
-            chosen, victims = _cheapest(costs, wanted, now)
-            options.append((_victim_key(victims, now), name, chosen, victims))
-    options = [o for o in options if o[3]]
+    options = [
+        (found.key, name, found)
+        for name, slots in static.groups
+        if (
+            found := on_node(
+                name, slots, request, pool, stopping=stopping, blocker=blocker, now=now
+            )
+        )
+        is not None
+    ]
     if not options:
         return None
-    _, name, chosen, victims = min(options, key=lambda o: (o[0], o[1]))
+    return min(options, key=lambda o: (o[0], o[1]))[2].choice
+
+
+@dataclass(frozen=True)
+class NodeOption:
+    """What preempting on one node offers a request: how good it is (lower is better: fewest
+    victims, then lowest, then most recently started) and the choice itself."""
+
+    key: tuple[int, int, int, float]
+    choice: Choice
+
+
+def on_node(
+    name: str,
+    slots: list[snapshot.Slot],
+    request: snapshot.Request,
+    pool: snapshot.Pool,
+    *,
+    stopping: set[snapshot.Allocation],
+    blocker: Blocker,
+    now: datetime,
+) -> NodeOption | None:
+    """The cheapest preemption for `request` on one node's GPUs, or None when none lets it in
+    there."""
+    costs = [
+        (s, v)
+        for s in slots
+        if (v := _victims_for(s, request, pool, stopping=stopping, blocker=blocker, now=now))
+        is not None
+    ]
+    if len(costs) < max(1, int(request.gpus)):
+        return None
+    chosen, victims = _cheapest(costs, max(1, int(request.gpus)), now)
+    if not victims:
+        return None
     ordered = sorted(victims, key=lambda a: (a.namespace, a.job))
-    return Choice(name, chosen, tuple(ordered))
+    return NodeOption(_victim_key(victims, now), Choice(name, chosen, tuple(ordered)))
 
 
 def _victim_key(

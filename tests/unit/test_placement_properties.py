@@ -3,7 +3,8 @@ over-committed, closed GPUs take nothing, and a Job is never passed over by a la
 pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
 none is started on, nor reserved on, a GPU whose job bound ahead is about to start; and the
 planner's fit indexes and cached messages decide exactly as looking at every node and working
-out every message would, and as every blocked Job looking for GPUs to reserve would."""
+out every message would, as every blocked Job looking for GPUs to reserve would, and as
+every Job that preempts looking at every node would."""
 
 import dataclasses
 from collections import defaultdict
@@ -14,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import diagnosis, placement
+from controller import diagnosis, placement, preemption
 from controller.placement import GPU, Allocation, Node, Pool, Request, Snapshot
 from controller.snapshot import Static
 
@@ -294,6 +295,23 @@ def test_a_shape_that_found_nothing_to_reserve_is_not_looked_at_again_in_vain(
     shot: Snapshot, requests: list[Request], data: st.DataObject
 ) -> None:
     _decides_the_same_without("_soonest_to_reserve", _look_again, shot, requests, data)
+
+
+def _every_node(
+    self: placement._Planner, request: Request, pool: Pool, static: Static, _shape: object
+) -> preemption.Choice | None:
+    """`_victims` without its index: every node looked at for every Job that preempts."""
+    return preemption.choose(
+        request, pool, static, stopping=self.stopping, blocker=self._blocker, now=self.now
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_the_preemption_index_chooses_as_a_scan_of_every_node(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    _decides_the_same_without("_victims", _every_node, shot, requests, data)
 
 
 def _after_pass(

@@ -333,6 +333,28 @@ def test_while_victims_stop_the_preemptor_waits_and_preempts_nobody_else() -> No
     assert [v.job for v in result["next"].victims] == ["other"]  # a is held for high
 
 
+def test_each_job_preempts_only_what_its_own_priority_allows() -> None:
+    """Jobs of one shape decided one after another: each chooses among the attempts of lower
+    priority than its own, and none chooses an attempt another has chosen."""
+    shot = snapshot(
+        gpus("a", 1),
+        gpus("b", 1),
+        gpus("c", 1),
+        allocations=[
+            running("one", "a", 0, priority=1),
+            running("three", "b", 0, priority=3),
+            running("two", "c", 0, priority=2),
+        ],
+    )
+    result = decide(
+        shot, req("p9", priority=9), req("p8", priority=8), req("p3", priority=3), req("p2")
+    )
+    assert [v.job for v in result["p9"].victims] == ["one"]
+    assert [v.job for v in result["p8"].victims] == ["two"]
+    assert result["p3"].victims == ()  # "three" is not below it
+    assert result["p2"].victims == ()
+
+
 # -- queue positions and estimates ---------------------------------------------------------
 
 
