@@ -37,6 +37,7 @@ is here. Step 4's choice of victims is `preemption`'s, and the checks and messag
 `diagnosis`'s.
 """
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -105,9 +106,10 @@ class _Planner(ahead.BindingAhead):
         self.no_fit: set[tuple[object, ...]] = set()
         self.no_wait: set[tuple[object, ...]] = set()
         self.no_preemption: set[tuple[object, ...]] = set()
-        # ("preempt", shape, priority) -> node -> what preempting there offers, as the node's
-        # entry in the index of that key was last worked out
+        # ("preempt", shape, priorities below) -> node -> what preempting there offers, as the
+        # node's entry in the index of that key was last worked out
         self.preemptions: dict[tuple[object, ...], dict[str, preemption.NodeOption]] = {}
+        self.priorities = sorted({a.priority for a in world.allocations})  # of the attempts
         self.no_ahead: dict[tuple[object, ...], int] = {}  # shape -> version it found none at
         self.unknown_start: set[tuple[object, ...]] = set()
         # shape -> version at which its pool's first blocked Job found no GPUs to reserve
@@ -246,14 +248,17 @@ class _Planner(ahead.BindingAhead):
         self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
     ) -> preemption.Choice | None:
         """`preemption.choose`, for a request that holds no place yet, from an index of what
-        preempting on each node offers its shape and priority: a node is looked at again only
+        preempting on each node offers its shape and the attempts of lower priority than its
+        own (which priorities of attempts are below it): a node is looked at again only
         after its GPUs changed (1,000 Jobs of higher priority over 1,000 busy GPUs looked at
         every GPU for each, and a pass took 5 s; over 2,000 GPUs, 27 s)."""
         if request.queued is not None:  # its own place is where it may not preempt
             return preemption.choose(
                 request, pool, static, stopping=self.stopping, blocker=self._blocker, now=self.now
             )
-        key = ("preempt", *shape, request.priority)
+        # Requests whose priorities have the same attempts below them choose alike.
+        below = bisect.bisect_left(self.priorities, request.priority)
+        key = ("preempt", *shape, below)
         offers = self.preemptions.setdefault(key, {})
 
         def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:

@@ -129,7 +129,7 @@ def _victims_for(
     now: datetime,
 ) -> list[snapshot.Allocation] | None:
     """The fewest, lowest attempts on this GPU whose stop lets the request in, or None."""
-    removed = set(stopping)
+    removed = {a for a in slot.allocations if a in stopping}  # all the blocker looks at
     candidates = sorted(
         (a for a in slot.allocations if evictable(a, request, stopping)),
         key=lambda a: (a.priority, -(a.started or now).timestamp(), a.binding),
