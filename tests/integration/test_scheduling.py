@@ -165,6 +165,39 @@ def test_preemption_stops_the_lower_job_then_binds_the_higher_one(database: db.D
     assert _binding(database, "low-2").spec.after == [_binding(database, "high-1").metadata.uid]
 
 
+def test_a_pass_out_of_time_leaves_the_rest_of_its_preemptions_to_the_next(
+    database: db.Database,
+) -> None:
+    """Preemptions are written a batch at a time within the pass's time limit; the next pass
+    decides the rest again, and no attempt is preempted twice, nor any Job told twice."""
+    count = scheduling.BATCH + 6
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", count)
+        for index in range(count):
+            writer.create(make_job(f"low-{index:02d}").build())
+    _schedule(database)
+    for index in range(count):
+        report_attempt(database, f"low-{index:02d}-1", "Running", T0)
+    with database.write() as session:
+        for index in range(count):
+            store.Store(session).create(make_job(f"high-{index:02d}").priority(10).build())
+    ticks = iter(range(10_000))  # every look at the clock is a second later: late at once
+    late = scheduling.Limits(seconds=0.5, clock=lambda: float(next(ticks)))
+    assert _schedule(database, limits=late) == T0  # work left: the next pass is due now
+
+    def stopping() -> int:
+        with database.read() as session:
+            return sum(1 for b in store.Store(session).active_bindings() if b.spec.stop_reason)
+
+    assert stopping() == scheduling.BATCH
+    _schedule(database)
+    assert stopping() == count
+    for index in range(count):
+        assert [r for r, _ in _events(database, f"low-{index:02d}")].count("Preempted") == 1
+        assert [r for r, _ in _events(database, f"high-{index:02d}")].count("Preempting") == 1
+
+
 def test_a_pass_with_nothing_changed_writes_nothing(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)
