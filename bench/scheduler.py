@@ -16,7 +16,8 @@ condition (no agent, no processes), then 10,000 pending Jobs asking for 1, 2 or 
 - scheduling-4k: the first pass and the planner again, over 500 nodes (4,000 GPUs);
 - scheduling-ahead: 10,000 pending one-GPU Jobs instead, passes until every GPU has a job and
   the next one bound ahead (the steady state of a lab's long queue of whole-GPU jobs); then a
-  pass with nothing changed, the planner alone on that state, and the pass after one exit.
+  pass with nothing changed, the planner alone on that state, and the pass after one exit;
+  then 1,000 Jobs of priorities 1 to 100 arrive, and the pass that preempts for them.
 """
 
 import time
@@ -35,6 +36,7 @@ BIG_NODES = 500  # scheduling-4k: 4,000 GPUs
 PENDING = 10_000
 MAX_PASSES = 400
 PASS_BUDGET_S = 1.0
+BURST = 1000  # scheduling-ahead: Jobs of higher priority than the whole queue
 
 
 def _load(
@@ -83,6 +85,20 @@ def _whole_gpu_job(index: int) -> job.Job:
         metadata=meta.ObjectMeta(name=f"job-{index:05d}", namespace="default"),
         spec=job.JobSpec(command=["python", "train.py", "--seed", str(index)]),
     )
+
+
+def _urgent_job(index: int) -> job.Job:
+    """scheduling-ahead's burst: one-GPU Jobs of priorities 1 to 100, above the queue's."""
+    return job.Job(
+        metadata=meta.ObjectMeta(name=f"urgent-{index:05d}", namespace="default"),
+        spec=job.JobSpec(command=["python", "eval.py"], priority=1 + index % 100),
+    )
+
+
+def _stopping(database: db.Database) -> int:
+    with database.read() as session:
+        attempts = store.Store(session).active_bindings()
+    return sum(1 for a in attempts if a.spec.stop_reason)
 
 
 def _timed_pass(database: db.Database, now: datetime) -> tuple[float, datetime | None]:
@@ -216,6 +232,11 @@ def bench_scheduling_ahead(ctx: Context) -> list[Result]:
             steady, _ = _timed_pass(database, now)
             _one_exit(database, now)
             after_exit, _ = _timed_pass(database, now)
+            progress(f"{BURST:,} jobs of higher priorities arrive...")
+            with database.write() as session:
+                store.Store(session).create_many([_urgent_job(i) for i in range(BURST)])
+            burst, _ = _timed_pass(database, now)
+            stopping = _stopping(database)
         finally:
             database.close()
     gpus = NODES * GPUS_PER_NODE
@@ -227,6 +248,13 @@ def bench_scheduling_ahead(ctx: Context) -> list[Result]:
         Result("scheduling-ahead-steady", steady, "s", PASS_BUDGET_S),
         Result("scheduling-ahead-one-exit", after_exit, "s", PASS_BUDGET_S),
         Result("scheduling-ahead-planner", planner * 1000, "ms", None, kind="info"),
+        Result(
+            "scheduling-ahead-preempt",
+            burst,
+            "s",
+            PASS_BUDGET_S,
+            note=f"{stopping} attempts asked to stop",
+        ),
     ]
 
 
