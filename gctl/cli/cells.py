@@ -250,15 +250,22 @@ def _node_status(w: Wire, _now: datetime) -> str:
     return views.node_status(w, busy=None)
 
 
+_VENDOR = "NVIDIA "  # dropped in tables: every NVIDIA model name starts with it; width is scarce
+
+
 def _node_gpus(w: Wire, _now: datetime) -> str:
+    """`3/8`: GPUs a gctl job holds (whole or a share), of all the node's (views.gpu_counts);
+    the total alone where no view was worked out."""
     gpus = w["status"].get("gpus", [])
     fake = " (fake)" if any(g.get("fake") for g in gpus) else ""
-    return f"{len(gpus)}{fake}"
+    view = w.get(views.VIEW)
+    held = f"{view['allocated']}/" if view is not None else ""
+    return f"{held}{len(gpus)}{fake}"
 
 
 def _node_model(w: Wire, _now: datetime) -> str:
-    models = sorted({g.get("model", "?") for g in w["status"].get("gpus", [])})
-    return ",".join(models) or NONE
+    models = sorted({str(g.get("model", "?")) for g in w["status"].get("gpus", [])})
+    return ",".join(m.removeprefix(_VENDOR) or m for m in models) or NONE
 
 
 _DESCRIPTION_WIDTH = 52  # so that a profile's row fits 100 columns; -o yaml shows it whole
@@ -375,6 +382,10 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
     "Node": (
         [_NAME, ("STATUS", _node_status), ("GPUS", _node_gpus), ("MODEL", _node_model), _AGE],
         [
+            # The node's GPUs not counted in GPUS, as views.gpu_counts sorts them.
+            ("FREE", _view("free")),
+            ("CORDONED", _view("cordoned")),
+            ("OTHER", _view("other")),  # held by processes gctl did not start
             ("HEARTBEAT", lambda w, now: age(w["status"].get("heartbeatTime"), now)),
             ("VERSION", field("status", "agentVersion")),
         ],
@@ -404,8 +415,6 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
 
 
 # -- gpus: rows of views.gpu_rows(), a view of Nodes and Bindings, not a stored kind -------
-
-_VENDOR = "NVIDIA "  # dropped in tables: every NVIDIA model name starts with it; width is scarce
 
 
 def _bytes(value: int | None) -> str:

@@ -74,9 +74,50 @@ def node_status(node: Wire, busy: bool | None) -> str:
 
 
 def with_node_views(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
-    """Nodes with their STATUS as `get nodes` prints it (it needs the Bindings on them)."""
+    """Nodes with their STATUS and GPU counts as `get nodes` prints them (they need the
+    Bindings on them)."""
     busy = {b["spec"]["node"] for b in bindings if holding(b)}
-    return [{**n, VIEW: {"status": node_status(n, n["metadata"]["name"] in busy)}} for n in nodes]
+    counts = gpu_counts(gpu_rows(nodes, bindings))
+    return [
+        {
+            **n,
+            VIEW: {
+                "status": node_status(n, n["metadata"]["name"] in busy),
+                **counts.get(n["metadata"]["name"], _no_gpus()),
+            },
+        }
+        for n in nodes
+    ]
+
+
+# What `get nodes` counts of a node's GPUs, each GPU in the first that applies (so that they add
+# up to the total, as sinfo's allocated/idle/other/total do): held by a gctl job, whole or a
+# share of it; taking no new jobs (cordoned, draining or drained, or its node NotReady); held
+# by processes gctl did not start; free.
+GPU_COUNTS = ("allocated", "cordoned", "other", "free")
+
+
+def _no_gpus() -> dict[str, int]:
+    return dict.fromkeys((*GPU_COUNTS, "total"), 0)
+
+
+def gpu_count(row: Wire) -> str:
+    """Which of GPU_COUNTS a row of `gpu_rows` counts in."""
+    if row["jobs"]:
+        return "allocated"
+    if row["status"] != "Ready":
+        return "cordoned"
+    return "other" if row["foreignProcesses"] else "free"
+
+
+def gpu_counts(rows: Iterable[Wire]) -> dict[str, dict[str, int]]:
+    """node -> its GPUs counted by GPU_COUNTS, and their total, from rows of `gpu_rows`."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        its = counts.setdefault(row["node"], _no_gpus())
+        its[gpu_count(row)] += 1
+        its["total"] += 1
+    return counts
 
 
 def gpu_rows(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:

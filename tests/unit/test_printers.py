@@ -145,6 +145,49 @@ def test_node_table_shows_drained_only_when_no_binding_holds_it() -> None:
     assert all(views.VIEW not in n for n in nodes)  # the listed objects are left as they were
 
 
+def test_node_gpus_count_each_gpu_once_as_scheduling_sees_it() -> None:
+    """ALLOC/TOTAL, and in -o wide the rest: a GPU counts in the first of allocated (a gctl job
+    holds it, or a share of it), cordoned (takes no new jobs), other (processes gctl did not
+    start), free; a job bound ahead holds nothing yet."""
+    a = _node("a", gpus=6, cordonedGPUs=[1, 2], drainingGPUs=[3])
+    a["status"]["gpus"][4]["processes"] = [{"pid": 77, "usedMemory": 2**30}]
+    ahead = _bound("next", "a", [5], "Pending")
+    ahead["spec"]["after"] = ["uid-x"]
+    shared = _bound("half", "a", [0])
+    shared["spec"]["gpuShare"] = 0.5
+    bindings = [shared, _bound("c", "a", [1]), _bound("gone", "a", [2], "Exited"), ahead]
+    nodes = [a, _node("b", ready=False), _node("c", gpus=0)]
+
+    table = printers.Table("Node", wide=True, namespaces=False, show_labels=False)
+    lines = table.lines(views.with_node_views(nodes, bindings), NOW, header=True)
+
+    header, *rows = [line.split() for line in lines]
+    assert header[:6] == ["NAME", "STATUS", "GPUS", "MODEL", "AGE", "FREE"]
+    assert header[6:8] == ["CORDONED", "OTHER"]
+    assert [row[:3] + row[5:8] for row in rows] == [
+        ["a", "Ready", "2/6", "1", "2", "1"],  # 0 (half of it), 1; cordoned 2, drained 3; 4
+        ["b", "NotReady", "0/2", "0", "2", "0"],
+        ["c", "Ready", "0/0", "0", "0", "0"],
+    ]
+    assert rows[0][3] == "A100-SXM4-80GB"  # the vendor dropped, as `get gpus` does
+
+
+def test_node_table_fits_100_columns_with_long_names() -> None:
+    name = "dgx-h100-80gb-hbm3-rack07-node12"
+    node = _node(name, gpus=8, model="NVIDIA H100 80GB HBM3", unschedulable=True)
+    for gpu in node["status"]["gpus"]:
+        gpu["fake"] = True
+    node["metadata"]["creationTimestamp"] = (NOW - timedelta(days=300)).isoformat()
+    bindings = [_bound(f"j{i}", name, [i]) for i in range(8)]
+
+    table = printers.Table("Node", wide=False, namespaces=False, show_labels=False)
+    [_, row] = table.lines(views.with_node_views([node], bindings), NOW, header=True)
+
+    cells = [name, "Ready,SchedulingDisabled", "8/8 (fake)", "H100 80GB HBM3", "300d"]
+    assert row.split("   ") == cells  # each as wide as its column: the longest cell
+    assert len(row) <= fitting.WIDTH
+
+
 def test_gpu_rows_mark_drained_gpus() -> None:
     nodes = [_node("a", gpus=3, drainingGPUs=[0, 1])]
     rows = views.gpu_rows(nodes, [_bound("x", "a", [0]), _bound("old", "a", [1], "Exited")])
