@@ -214,9 +214,9 @@ def get(
 ) -> None:
     """List objects, or stream their changes with -w. `gctl get gpus` lists every GPU."""
     if resource.lower() in GPU_WORDS:  # a view of Nodes and Bindings, not a stored kind
-        from gctl.cli import running
+        from gctl.cli import gpus
 
-        running.get_gpus(
+        gpus.get_gpus(
             nodes=names or [],
             output=output,
             selector_text=selector,

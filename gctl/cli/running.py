@@ -1,5 +1,5 @@
-"""The bodies of `gctl logs`, `gctl run`, `gctl wait` and `gctl get gpus`: the commands that
-follow Jobs as they run.
+"""The bodies of `gctl logs`, `gctl run` and `gctl wait`: the commands that follow Jobs as they
+run.
 
 They wait on the change feed and on watchfiles, never on a timer (`following` holds how). The
 top level imports no SQLAlchemy and no pydantic: `gctl --help` must stay fast.
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, kinds, quantity, selector
-from gctl.cli import cells, fitting, following, printers, views
+from gctl.api import errors, kinds, quantity
+from gctl.cli import following
 
 if TYPE_CHECKING:
     from gctl.api import binding, job
@@ -522,46 +522,3 @@ def _wait_for(
             raise SystemExit(following.INTERRUPTED)
     finally:
         timer.cancel()
-
-
-# -- get gpus ------------------------------------------------------------------------------------
-
-
-def get_gpus(
-    *,
-    nodes: list[str],
-    output: str,
-    selector_text: str | None,
-    following: bool,
-    db_url: str | None,
-) -> None:
-    from gctl.cli import commands
-
-    if following:
-        raise errors.Invalid(
-            "get gpus: -w, --watch-only and --show-labels are for stored kinds; "
-            "use them with nodes or bindings"
-        )
-    if output not in ("", "wide", "yaml", "json"):
-        raise errors.Invalid(f"-o {output}: gpus print as a table, wide, yaml or json")
-    label_selector = selector.parse(selector_text) if selector_text else None
-    node_wires = commands._list(db_url, kinds.NODE, None, nodes or None).wires
-    missing = sorted(set(nodes) - {w["metadata"]["name"] for w in node_wires})
-    if missing:
-        raise errors.NotFound(f'node "{missing[0]}" not found')
-    if label_selector is not None:
-        node_wires = [
-            w for w in node_wires if label_selector.matches(w["metadata"].get("labels", {}))
-        ]
-    bindings = commands._list(db_url, kinds.BINDING, None, None).wires
-    rows = views.gpu_rows(node_wires, bindings)
-    if output in ("yaml", "json"):
-        text = printers.dump_yaml(rows) if output == "yaml" else printers.dump_json(rows) + "\n"
-        sys.stdout.write(text)
-        return
-    if not rows:
-        print("No resources found.", file=sys.stderr)
-        return
-    wide, width = output == "wide", fitting.screen_width(sys.stdout)
-    table = printers.Table(cells.GPU_VIEW, wide, namespaces=False, show_labels=False, width=width)
-    printers.print_objects(rows, output, table, single=False)

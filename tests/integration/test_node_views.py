@@ -10,7 +10,7 @@ import yaml
 
 from controller import reading, scheduling
 from gctl.api import meta, node
-from gctl.cli import commands, running
+from gctl.cli import commands, gpus
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node, report_attempt
 
@@ -77,7 +77,7 @@ def _get(
 ) -> str:
     """`gctl get RESOURCE -o OUTPUT` in this process, as the command server's child runs it."""
     if resource == "gpus":
-        running.get_gpus(
+        gpus.get_gpus(
             nodes=[], output=output, selector_text=None, following=False, db_url=database.url
         )
     else:
@@ -107,8 +107,8 @@ def test_get_nodes_counts_gpus_as_the_scheduler_holds_them(
     assert held == {("n1", 0), ("n1", 1)}
     assert any(a.queued for a in world.snapshot.allocations)
     # ... which `get gpus` shows with their jobs.
-    gpus = json.loads(_get(database, capsys, "gpus", "json"))
-    assert {(g["node"], g["index"]) for g in gpus if g["jobs"]} == held
+    gpu_rows = json.loads(_get(database, capsys, "gpus", "json"))
+    assert {(g["node"], g["index"]) for g in gpu_rows if g["jobs"]} == held
     # -o yaml is the stored objects, without the counts.
     listed: dict[str, Any] = yaml.safe_load(_get(database, capsys, "nodes", "yaml"))
     assert [n["metadata"]["name"] for n in listed["items"]] == ["n1", "n2", "n3"]
