@@ -220,7 +220,9 @@ def get(
             nodes=names or [],
             output=output,
             selector_text=selector,
-            following=watch or watch_only or show_labels,
+            watch=watch,
+            watch_only=watch_only,
+            show_labels=show_labels,
             db_url=db,
         )
         return

@@ -7,6 +7,7 @@ most every 0.1 s up to a generous deadline: nothing asserts on speed. Setup and 
 not under test read and write the store in-process, as test_cli.py does.
 """
 
+import itertools
 import json
 import os
 import queue
@@ -26,6 +27,7 @@ from gctl.api import binding, job, meta, node
 from gctl.store import db, store
 from tests.builders import make_binding
 from tests.conftest import Gctl, Result
+from tests.e2e.test_cli import Lines, watching
 
 DEADLINE = 20.0  # seconds any one thing may take before a test gives up on it
 SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -428,6 +430,47 @@ def test_get_gpus_shows_the_jobs_on_each_gpu(
     assert [[j["name"] for j in row["jobs"]] for row in listed].count(["holder"]) == 1
 
 
+def test_get_gpus_watch_prints_a_row_again_when_a_job_starts_on_it(
+    gctl: Gctl, cluster: list[str]
+) -> None:
+    """`get gpus -w`: the table, then a GPU's row each time its jobs or state change; the
+    node's heartbeats (every second here) print nothing; Ctrl-C ends it as it ends `get -w`."""
+    poll(lambda: "Ready" in gctl.ok("get", "nodes"), "the node to be Ready")
+    watcher = gctl.popen("get", "gpus", "-w")
+    assert watcher.stdout is not None
+    assert watcher.stderr is not None
+    lines = Lines(watcher.stdout)
+    try:
+        header = lines.wait_for(lambda line: line.startswith("NODE"))
+        assert header.split()[-3:] == ["JOBS", "OTHER", "STATUS"]
+        listed = [lines.wait_for(lambda _line: True).split() for _gpu in range(2)]
+        assert [row[1] for row in listed] == ["0", "1"]
+        assert all(row[-3:] == ["<none>", "<none>", "Ready"] for row in listed)
+
+        gctl.ok("run", "--name", "holder", "--", "sleep", "30")
+        held = lines.wait_for(lambda line: "holder" in line.split(), timeout=DEADLINE).split()
+        gctl.ok("cordon", f"gpu{1 - int(held[1])}")
+        cordoned = lines.wait_for(lambda line: line.endswith("Cordoned")).split()
+        time.sleep(2.5)  # two heartbeats, which print nothing
+        gctl.ok("delete", "job", "holder")
+        freed = lines.wait_for(lambda line: line.split()[1:2] == held[1:2], timeout=DEADLINE)
+
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=DEADLINE) == 130
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+        lines.rest()
+        err = watcher.stderr.read()
+        watcher.stdout.close()
+        watcher.stderr.close()
+    assert "Traceback" not in err, err
+    assert cordoned[1] != held[1]
+    assert freed.split()[-3:] == ["<none>", "<none>", "Ready"]
+    assert len(lines.seen) == 6, lines.seen  # header, two GPUs, holder, cordoned, freed
+
+
 def _node(name: str, gpus: list[node.GPUInfo], **spec: Any) -> node.Node:
     ready = meta.Condition(type="Ready", status="True", reason="AgentReady")
     return node.Node(
@@ -485,6 +528,27 @@ def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Databas
     listed = yaml.safe_load(gctl.ok("get", "gpus", "-o", "yaml"))
     assert listed[0]["foreignProcesses"] == [{"pid": 4242, "usedMemory": 3 * 2**30}]
     assert listed[1]["model"] == "NVIDIA A100-SXM4-80GB"
+
+
+def test_get_gpus_watch_only_prints_only_the_rows_that_change(
+    gctl: Gctl, database: db.Database
+) -> None:
+    with database.write() as session:
+        store.Store(session).create(_node("gpu-node-01", [_gpu(0, 0), _gpu(1, 0)]))
+
+    with watching(gctl, "get", "gpus", "--watch-only") as lines:
+        # Nothing prints until a change, so there is no telling when the watcher has read its
+        # starting point: bind a job after another to GPU 1 until one shows.
+        deadline = time.monotonic() + DEADLINE
+        for number in itertools.count():
+            with database.write() as session:
+                store.Store(session).create(make_binding(f"j{number}", "gpu-node-01", [1]))
+            if lines.find(lambda line: line.startswith("gpu-node-01"), timeout=1.0):
+                break
+            assert time.monotonic() < deadline, f"nothing within {DEADLINE} s: {lines.seen}"
+
+    assert lines.seen[0].split()[:2] == ["NODE", "GPU"]
+    assert all(line.split()[1] == "1" for line in lines.seen[1:]), lines.seen
 
 
 @SQLITE_ONLY

@@ -78,7 +78,13 @@ def _get(
     """`gctl get RESOURCE -o OUTPUT` in this process, as the command server's child runs it."""
     if resource == "gpus":
         gpus.get_gpus(
-            nodes=[], output=output, selector_text=None, following=False, db_url=database.url
+            nodes=[],
+            output=output,
+            selector_text=None,
+            watch=False,
+            watch_only=False,
+            show_labels=False,
+            db_url=database.url,
         )
     else:
         commands.get(resource=resource, names=[], flags=_flags(database, output))
