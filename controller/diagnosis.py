@@ -17,10 +17,12 @@ from gctl.api import quantity, selection
 
 
 @functools.lru_cache(maxsize=1024)  # per waiting Job per pass, over a few distinct messages
-def gist(message: str) -> str:
-    """A message's first clause without its numbers: what must change for a Job deep in the
-    queue to be rewritten ("0/8 GPUs fit: 6 in use, 2 cordoned" -> "#/# GPUs fit: # in use")."""
-    return re.sub(r"\d+(\.\d+)?", "#", message.split(", ", maxsplit=1)[0])
+def gist(message: str, *, whole: bool = False) -> str:
+    """A message's first clause without its numbers: what must change for a Job behind the
+    head of its queue to be rewritten ("0/8 GPUs fit: 6 in use, 2 cordoned" -> "#/# GPUs
+    fit: # in use"); `whole`: every clause, for the Job at the head ("#/# GPUs fit: # in use,
+    # cordoned"), so that its message never names GPUs in use that have all freed."""
+    return re.sub(r"\d+(\.\d+)?", "#", message if whole else message.split(", ", maxsplit=1)[0])
 
 
 # -- the checks --------------------------------------------------------------------------------

@@ -580,9 +580,10 @@ def _report(
 def stale(w: Wire, d: placement.Decision, now: datetime) -> bool:
     """Whether what a waiting Job's status says differs from the decision enough to write.
 
-    A waiting Job is rewritten only when the reason or the gist of the message changes, or
-    its estimate moves by more than 10 % of the time left (at least 30 s): a Job ending must
-    not rewrite the queue behind it. Its place in the queue is not stored at all."""
+    A waiting Job is rewritten only when the reason or the gist of the message changes (for
+    the head of a pool's queue, which GPU states it names), or its estimate moves by more than
+    10 % of the time left (at least 30 s): a Job ending must not rewrite the queue behind it.
+    Its place in the queue is not stored at all."""
     status = w["status"]
     said = next(
         (c for c in status.get("conditions", []) if c["type"] == job.CONDITION_SCHEDULED), None
@@ -593,7 +594,10 @@ def stale(w: Wire, d: placement.Decision, now: datetime) -> bool:
         w["metadata"].get("generation"),
     ):
         return True
-    if diagnosis.gist(said.get("message", "")) != diagnosis.gist(d.message):
+    whole = d.position == 1  # the head of its pool's queue: the Job that others wait behind
+    if diagnosis.gist(said.get("message", ""), whole=whole) != diagnosis.gist(
+        d.message, whole=whole
+    ):
         return True
     if _drifted(reading.parse_time(status.get("estimatedStartTime")), d.estimated_start, now):
         return True

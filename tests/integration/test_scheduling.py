@@ -437,6 +437,28 @@ def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.D
     assert _binding(database, "wide-1").spec.gpus == [1]
 
 
+def test_the_head_of_the_queue_is_told_when_the_gpus_it_named_in_use_free(
+    database: db.Database,
+) -> None:
+    """A Job too big for any node, at the head of its queue: once the jobs it said were in
+    use end, its message says so (behind the head, only the first clause's gist counts)."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 4)
+        for index in range(3):
+            writer.create(make_job(f"s{index}").build())
+        writer.create(make_job("big").gpus(5).build())
+        writer.create(make_job("bigger").gpus(6).build())
+    _settle(database)
+    assert _waiting(_job(database, "big"))[1] == "1/4 GPUs fit, but no node has 5 of them: 3 in use"
+    for index in range(3):
+        report_attempt(database, f"s{index}-1", "Exited", T0, exit_code=0)
+        store.transact(database, lambda w, i=index: jobs.reconcile(w, "default", f"s{i}", T0))
+    _settle(database)
+    assert _waiting(_job(database, "big"))[1] == "4/4 GPUs fit, but no node has 5 of them"
+    assert _waiting(_job(database, "bigger"))[1].endswith(": 3 in use")  # lags: not the head
+
+
 def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
     database: db.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -138,6 +138,22 @@ def decision(
             decision("0/8 GPUs fit: 8 cordoned", 500),
             True,
         ),
+        # the head of the queue: every clause, still without the numbers
+        (
+            said("1/4 GPUs fit, but no node has 5 of them: 3 in use", 1),
+            decision("4/4 GPUs fit, but no node has 5 of them", 1),
+            True,
+        ),
+        (
+            said("1/4 GPUs fit, but no node has 5 of them: 3 in use", 2),
+            decision("4/4 GPUs fit, but no node has 5 of them", 2),
+            False,
+        ),
+        (
+            said("0/8 GPUs fit: 8 in use", 1),
+            decision("0/8 GPUs fit: 7 in use", 1),
+            False,
+        ),
         (said("x", None), decision("x", None), False),
         (said("x", 1, T0 + timedelta(hours=1)), decision("x", 1, None), True),
         (
