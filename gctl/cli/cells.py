@@ -359,11 +359,13 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             ("GPUS", _view("gpus")),
             ("ALLOCATED", _view("allocated")),
             ("RUNNING", _view("running")),
-            ("QUEUED", _view("queued")),
+            ("QUEUED", _view("queued")),  # the Jobs `get jobs -o wide` gives a POS
+            ("HELD", _view("held")),  # pending, but out of the queue (gctl.api.queue.held)
             ("POLICY", field("spec", "policy", default="binpack")),
             _AGE,
         ],
         [
+            ("AHEAD", _view("ahead")),  # Scheduled, bound ahead to a busy GPU
             ("JOBS/GPU", field("spec", "maxJobsPerGPU")),  # none: as many as fractions allow
             ("ALLOWS", _pool_allows),
             ("SELECTOR", _pool_selector),

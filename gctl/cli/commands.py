@@ -189,7 +189,13 @@ def _with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[
         return views.with_node_views(wires, bindings)
     nodes = _list(db_url, kinds.NODE, None, None).wires
     jobs = _list(db_url, kinds.JOB, None, None).wires
-    return views.with_pool_views(wires, nodes, bindings, jobs)
+    # What the Jobs wait for, looked up as `_number_queue` does: QUEUED counts what POS numbers.
+    succeeded = queue.succeeded_among(
+        queue.needed(jobs), lambda kind, ns, its: _list(db_url, kind, ns, its).wires
+    )
+    return views.with_pool_views(
+        wires, nodes, bindings, jobs, now=datetime.now(UTC), succeeded=succeeded
+    )
 
 
 def _print_pages(

@@ -6,10 +6,11 @@ no database. A view of a stored kind is kept in the copy of its wire under `VIEW
 table columns read and -o yaml|json never print.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
-from gctl.api import kinds, selection
+from gctl.api import kinds, queue, selection
 
 Wire = dict[str, Any]
 VIEW = "_view"  # the key, in a listed object's copy, of what its table columns show beyond it
@@ -208,32 +209,51 @@ def with_implicit_default(pools: Sequence[Wire]) -> list[Wire]:
     return sorted([*pools, implicit], key=lambda p: str(p["metadata"]["name"]))
 
 
+_POOL_COLUMNS = ("running", "queued", "held", "ahead")
+
+
+def _pool_column(
+    job: Wire, ahead: Container[str | None], now: datetime, succeeded: Container[queue.Key]
+) -> str | None:
+    """Which of a pool's job counts a Job adds to, if any."""
+    phase = job["status"].get("phase", "Pending")
+    if phase in ("Scheduled", "Running"):
+        return "ahead" if job["metadata"].get("uid") in ahead else "running"
+    if phase != "Pending":
+        return None
+    return "queued" if queue.queued(job, now, succeeded) else "held"
+
+
 def with_pool_views(
-    pools: Sequence[Wire], nodes: Sequence[Wire], bindings: Sequence[Wire], jobs: Sequence[Wire]
+    pools: Sequence[Wire],
+    nodes: Sequence[Wire],
+    bindings: Sequence[Wire],
+    jobs: Sequence[Wire],
+    *,
+    now: datetime,
+    succeeded: Container[queue.Key],
 ) -> list[Wire]:
-    """Pools with GPUS (matched on known nodes), ALLOCATED (of those, held by a gctl job),
-    RUNNING and QUEUED (the pool's Jobs; a Job that names no pool is the default pool's)."""
-    held = set(holders(bindings))
-    # Jobs bound ahead are Scheduled, but wait for their GPUs: queued, not running.
+    """Pools with GPUS (matched on known nodes), ALLOCATED (of those, held by a gctl job), and
+    the pool's Jobs (a Job that names no pool is the default pool's): RUNNING, QUEUED (those
+    with a place in its queue, by the rule that numbers it: `queue.queued`), HELD (pending,
+    but left out of the queue: suspended, deleting, in back-off, waiting for `dependsOn`;
+    `succeeded` as `queue.succeeded_among` finds it) and AHEAD (bound ahead to a busy GPU)."""
+    taken = set(holders(bindings))
+    # Jobs bound ahead are Scheduled, but wait for their GPUs: neither running nor queued.
     ahead = {b["spec"].get("jobUID") for b in bindings if bound_ahead(b)}
-    running: dict[str, int] = {}
-    queued: dict[str, int] = {}
+    counts: dict[tuple[str, str], int] = {}
     for j in jobs:
-        name = j["spec"].get("pool") or DEFAULT_POOL
-        phase = j["status"].get("phase", "Pending")
-        if phase in ("Scheduled", "Running") and j["metadata"].get("uid") not in ahead:
-            running[name] = running.get(name, 0) + 1
-        elif phase in ("Pending", "Scheduled") and not j["spec"].get("suspend"):
-            queued[name] = queued.get(name, 0) + 1
+        if (column := _pool_column(j, ahead, now, succeeded)) is not None:
+            where = (queue.pool_of(j), column)
+            counts[where] = counts.get(where, 0) + 1
     viewed = []
     for p in pools:
         name = p["metadata"]["name"]
         gpus = pool_gpus(p, nodes)
         view = {
             "gpus": len(gpus),
-            "allocated": len(gpus & held),
-            "running": running.get(name, 0),
-            "queued": queued.get(name, 0),
+            "allocated": len(gpus & taken),
+            **{column: counts.get((name, column), 0) for column in _POOL_COLUMNS},
         }
         viewed.append({**p, VIEW: view})
     return viewed

@@ -414,15 +414,63 @@ def test_get_pools_counts_gpus_allocations_and_jobs(gctl: Gctl, database: db.Dat
     out = gctl.ok("get", "pools")
 
     header, *lines = out.splitlines()
-    assert header.split() == ["NAME", "GPUS", "ALLOCATED", "RUNNING", "QUEUED", "POLICY", "AGE"]
-    assert [line.split()[:6] for line in lines] == [
-        ["a100", "4", "2", "1", "1", "binpack"],  # GPUs 0-1 of a1 and a2; a1's two are held
-        ["default", "10", "4", "1", "2", "spread"],  # every GPU; the suspended job waits not
+    assert header.split() == [
+        *["NAME", "GPUS", "ALLOCATED", "RUNNING", "QUEUED", "HELD", "POLICY", "AGE"]
+    ]
+    assert [line.split()[:7] for line in lines] == [
+        ["a100", "4", "2", "1", "1", "0", "binpack"],  # GPUs 0-1 of a1 and a2; a1's two held
+        ["default", "10", "4", "1", "2", "1", "spread"],  # every GPU; the suspended job is held
     ]
     assert all(len(line) <= 100 for line in out.splitlines())
     wide = gctl.ok("get", "pools", "-o", "wide").splitlines()
     assert wide[0].split()[-1] == "SELECTOR"
     assert wide[1].endswith("gpu=a100 model=*a100* gpus=0-1")
+
+
+def test_get_pools_queued_counts_the_jobs_get_jobs_numbers(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """QUEUED is the number of Jobs with a POS; those the scheduling pass leaves out of the
+    queue (suspended, in back-off, waiting for `dependsOn`) are HELD."""
+    now = datetime.now(UTC)
+    waits = make_job("waits")
+    waits.spec["dependsOn"] = ["first"]
+    after_done = make_job("after-done")
+    after_done.spec["dependsOn"] = ["done"]
+    suspended = make_job("suspended")
+    suspended.spec["suspend"] = True
+    put(
+        database,
+        make_node("n1"),
+        _job("first", "Pending"),
+        _job("second", "Pending", priority=5),
+        _job("done", "Succeeded"),
+        _job("backing-off", "Pending", retry_after=now + timedelta(hours=1)),
+        _job("backed-off", "Pending", retry_after=now - timedelta(hours=1)),
+        waits.build(),
+        after_done.build(),
+        suspended.build(),
+    )
+
+    out = gctl.ok("get", "pools")
+    jobs = gctl.ok("get", "jobs", "-o", "wide").splitlines()
+
+    header, row = out.splitlines()
+    assert dict(zip(header.split(), row.split(), strict=False)) == {
+        "NAME": "default",
+        "GPUS": "4",
+        "ALLOCATED": "0",
+        "RUNNING": "0",
+        "QUEUED": "4",
+        "HELD": "3",
+        "POLICY": "binpack",
+        "AGE": "<none>",  # the implicit default pool
+    }
+    column = jobs[0].split().index("POS")
+    places = {line.split()[0]: line.split()[column] for line in jobs[1:]}
+    numbered = sorted(name for name, place in places.items() if place != "<none>")
+    assert numbered == ["after-done", "backed-off", "first", "second"]
+    assert all(len(line) <= 100 for line in out.splitlines())
 
 
 def test_get_pools_without_a_default_shows_the_implicit_one(
@@ -434,7 +482,7 @@ def test_get_pools_without_a_default_shows_the_implicit_one(
     out = gctl.ok("get", "pools")
 
     assert [line.split() for line in out.splitlines()[1:]] == [
-        ["default", "2", "1", "1", "1", "binpack", "<none>"]  # never created: no age
+        ["default", "2", "1", "1", "1", "0", "binpack", "<none>"]  # never created: no age
     ]
     assert gctl.ok("get", "pools", "-o", "name") == ""
 

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
+from gctl.api import queue
 from gctl.cli import cells, describe, fitting, printers, views
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -235,27 +236,45 @@ def test_pool_views_count_allocations_and_queues() -> None:
     ]
 
     def job(name: str, phase: str, **spec: Any) -> dict[str, Any]:
-        metadata = {"name": name, "uid": f"uid-{name}"}
+        metadata = {"name": name, "uid": f"uid-{name}", "namespace": "default"}
         return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
 
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    backing_off = job("retry", "Pending")
+    backing_off["status"]["retryAfter"] = (now + timedelta(seconds=30)).isoformat()
+    backed_off = job("retried", "Pending")
+    backed_off["status"]["retryAfter"] = (now - timedelta(seconds=30)).isoformat()
     jobs = [
         job("t", "Running", pool="a100"),
         job("q", "Pending", pool="a100"),
+        job("waits", "Pending", pool="a100", dependsOn=["t"]),
         job("s", "Scheduled"),
         job("next", "Scheduled"),
         job("w", "Pending"),
+        job("after-done", "Pending", dependsOn=["done-ok"]),
         job("held", "Pending", suspend=True),
+        backing_off,
+        backed_off,
         job("done", "Failed"),
     ]
+    succeeded = {("default", "done-ok")}
 
     viewed = {
         p["metadata"]["name"]: p[views.VIEW]
-        for p in views.with_pool_views(pools, nodes, bindings, jobs)
+        for p in views.with_pool_views(pools, nodes, bindings, jobs, now=now, succeeded=succeeded)
     }
 
+    # QUEUED counts exactly the Jobs the queue numbers (POS in `get jobs -o wide`).
+    places = queue.positions(jobs, now, succeeded)
+    assert sorted(places) == [
+        ("default", "after-done"),
+        ("default", "q"),
+        ("default", "retried"),
+        ("default", "w"),
+    ]
     assert viewed == {
-        "a100": {"gpus": 4, "allocated": 2, "running": 1, "queued": 1},
-        "default": {"gpus": 6, "allocated": 3, "running": 1, "queued": 2},
+        "a100": {"gpus": 4, "allocated": 2, "running": 1, "queued": 1, "held": 1, "ahead": 0},
+        "default": {"gpus": 6, "allocated": 3, "running": 1, "queued": 3, "held": 2, "ahead": 1},
     }
 
 
