@@ -6,7 +6,9 @@ that can free or need GPUs runs a scheduling pass (a heartbeat, a Job that start
 attempt reported Running do not). Reconcilers return when they want to run again
 (deadlines, back-offs, heartbeat timeouts); the loop keeps those in a heap. Each reconcile is
 its own transaction, retried from a fresh read on a conflict; an error in one is logged and
-retried, and never stops the loop.
+retried, and never stops the loop. A stored object that no longer validates
+(`errors.StoredInvalid`) is set aside: a Warning Event on it and one log line, once per version
+of it, and no retry until it changes (or, when another object's reconcile read it, a minute).
 """
 
 import functools
@@ -20,10 +22,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller import jobs, nodes, scheduling, sweeps
-from gctl.api import binding, job, meta, node, sweep
+from gctl.api import binding, errors, job, kinds, meta, node, sweep
 from gctl.store import db, feed, store
 
 log = logging.getLogger("gctl.controller")
+SOURCE = "controller"
 SCHEDULE = ("schedule", "", "")
 RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
@@ -35,6 +38,10 @@ BATCH = 32
 JOBS_PER_ROUND = 8 * BATCH
 # Nodes reconciled in one transaction: most only restart their heartbeat timer, a read.
 NODE_BATCH = 500
+# When an object whose reconcile read another that does not validate tries again; one whose
+# own stored document does not validate waits for a change to it instead.
+INVALID_RECHECK = timedelta(minutes=1)
+REASON_INVALID = "StoredObjectInvalid"
 
 
 def _node_shape(wire: dict[str, Any]) -> tuple[Any, ...]:
@@ -64,6 +71,7 @@ class Controller:
         # (namespace, name) of a Job -> the pending Jobs that depend on it
         self._dependents: dict[tuple[str, str], set[Key]] = {}
         self._passes: set[int] = set()  # revisions written by this controller's passes
+        self._invalid: dict[Key, str] = {}  # objects set aside -> the version reported
 
     def _step(self, writer: store.Store, key: Key, now: datetime) -> datetime | None:
         kind, namespace, name = key
@@ -84,7 +92,12 @@ class Controller:
             written[:] = [writer.written_revision]
             return due
 
-        due = store.transact(self.db, work)
+        try:
+            due = store.transact(self.db, work)
+        except errors.StoredInvalid as exc:
+            self._set_aside(exc)
+            due = None if exc.key == key else self.clock() + INVALID_RECHECK
+            written.clear()
         if key == SCHEDULE and written and written[0] is not None:
             self._passes.add(written[0])
         if key == SCHEDULE:  # a pass sees everything: when the one after it is due replaces
@@ -92,6 +105,29 @@ class Controller:
             heapq.heapify(self._timers)
         if due is not None:
             heapq.heappush(self._timers, (due, key))
+
+    def _set_aside(self, exc: errors.StoredInvalid) -> None:
+        """Say once per version that a stored object does not validate: a log line, and a
+        Warning Event on the object, where `gctl get events` and `describe` show it."""
+        if self._invalid.get(exc.key) == exc.resource_version:
+            return
+        self._invalid[exc.key] = exc.resource_version
+        log.warning("%s; set aside until it changes", exc)
+        kind, namespace, name = exc.key
+        # Its document does not validate: the Event needs only its names and uid.
+        names: dict[str, Any] = {"name": name, "namespace": namespace or None, "uid": exc.uid}
+        standin: dict[str, Any] = {"metadata": meta.ObjectMeta.model_construct(**names)}
+        involved = kinds.model(kind).model_construct(**standin)
+        message = f"stored {kind} does not validate ({exc.detail}); left alone until it changes"
+        try:
+            store.transact(
+                self.db,
+                lambda w: w.record_event(
+                    involved, REASON_INVALID, message, type_="Warning", source=SOURCE
+                ),
+            )
+        except Exception:  # the log line said it: the Event is a convenience
+            log.exception("could not record an Event on %s", "/".join(p for p in exc.key if p))
 
     def reconcile_together(self, keys: list[Key]) -> bool:
         """Reconcile several Jobs, or several Nodes, in one transaction (`jobs.reconcile_many`,
@@ -123,8 +159,15 @@ class Controller:
         with self.db.read() as session:
             reader = store.Store(session)
             jobs_now = reader.list_wire(job.Job)
-            keys: set[Key] = {("Node", "", n.name) for n in reader.list_objects(node.Node)}
-            keys |= {("Sweep", s.namespace, s.name) for s in reader.list_objects(sweep.Sweep)}
+            # Names alone, unvalidated: one object that no longer validates is set aside by
+            # its own reconcile, and must not keep every other from being resynced.
+            keys: set[Key] = {
+                ("Node", "", w["metadata"]["name"]) for w in reader.list_wire(node.Node)
+            }
+            keys |= {
+                ("Sweep", w["metadata"]["namespace"], w["metadata"]["name"])
+                for w in reader.list_wire(sweep.Sweep)
+            }
         self._dependents.clear()
         for wire in jobs_now:
             self._track_dependencies("MODIFIED", wire)

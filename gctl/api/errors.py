@@ -37,3 +37,26 @@ class Unavailable(GctlError):
     """The database cannot be reached or is in a state this gctl cannot use."""
 
     reason = "Unavailable"
+
+
+class StoredInvalid(GctlError):
+    """A stored object that no longer validates: written by an older gctl under a rule since
+    dropped, or edited by hand in the database. It names the object (`key`: kind, namespace,
+    name) and the version read, so that a daemon can tell it apart from every other and
+    report it once."""
+
+    reason = "StoredInvalid"
+
+    def __init__(
+        self, key: tuple[str, str, str], uid: str, resource_version: str, detail: str
+    ) -> None:
+        kind, namespace, name = key
+        where = f' in namespace "{namespace}"' if namespace else ""
+        super().__init__(
+            f'{kind.lower()} "{name}"{where} as stored does not validate ({detail}): written '
+            "by an older gctl or edited by hand; fix or delete its row in the database"
+        )
+        self.key = key
+        self.uid = uid
+        self.resource_version = resource_version
+        self.detail = detail

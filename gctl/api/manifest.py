@@ -192,7 +192,7 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
     try:
         obj = cls.model_validate(body, by_alias=True, by_name=False, context=meta.INPUT)
     except pydantic.ValidationError as exc:
-        raise errors.Invalid(f"{where}: {_first_error(exc, prefix)}") from None
+        raise errors.Invalid(f"{where}: {first_error(exc, prefix)}") from None
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     field = "metadata.name"
     try:
@@ -249,7 +249,8 @@ _MESSAGES = {
 }
 
 
-def _first_error(exc: pydantic.ValidationError, prefix: str) -> str:
+def first_error(exc: pydantic.ValidationError, prefix: str) -> str:
+    """pydantic's first error in one line: `prefix`, the field's path, what is wrong."""
     errs = exc.errors(include_url=False)
     first = errs[0]
     path = _path(first["loc"])

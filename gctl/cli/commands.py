@@ -409,7 +409,7 @@ def _describe_kind(
     info: kinds.KindInfo, names: list[str], namespace: str | None, db_url: str | None
 ) -> None:
     from gctl.cli import describe as describing
-    from gctl.store import db, store
+    from gctl.store import db, store, stored
 
     cls = kinds.model(info.kind)
     where = _where(info, namespace, False)
@@ -423,7 +423,7 @@ def _describe_kind(
         if not wires:
             _no_resources(info, where)
             return
-        events = [reader.events_for(cls.model_validate(wire)) for wire in wires]
+        events = [reader.events_for(stored.validated(cls, wire)) for wire in wires]
         now, width = datetime.now(UTC), fitting.screen_width(sys.stdout)
         if info is kinds.JOB and any(queue.pending(w) and not queue.held(w, now) for w in wires):
             _number_queue(

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from gctl.api import applyset, errors, job, kinds, manifest, meta
-from gctl.store import applysets, bulk, driver, listing
+from gctl.store import applysets, bulk, driver, listing, stored
 
 if TYPE_CHECKING:  # SQLAlchemy's side: imported where the Store's path runs
     from gctl.store import db, store
@@ -105,7 +105,7 @@ def snapshot(reader: Reader, manifests: Sequence[manifest.Manifest]) -> dict[Key
     for (cls, namespace), names in wanted.items():
         for start in range(0, len(names), _CHUNK):
             for wire in reader.list_wire(cls, namespace, names=names[start : start + _CHUNK]):
-                obj = cls.model_validate(wire)
+                obj = stored.validated(cls, wire)
                 found[key_of(obj)] = obj
     return found
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from gctl.api import applyset, errors, kinds, meta
-from gctl.store import listing
+from gctl.store import listing, stored
 
 if TYPE_CHECKING:
     from gctl.store import applying, store
@@ -58,7 +58,7 @@ def members(reader: "store.Store", name: str) -> list[meta.Resource]:
             .order_by(table.c.namespace, table.c.name)
         ).all()
         for row in rows:
-            obj = cls.model_validate(store.row_to_wire(cls, row))
+            obj = stored.validated(cls, store.row_to_wire(cls, row))
             # Objects owned by another (a Sweep's Jobs, which copy its labels) go with their
             # owner: they are never the set's own members.
             if not any(owner.controller for owner in obj.metadata.owner_references):

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Executable, Result, select
 
 from gctl.api import meta
-from gctl.store import listing, tables
+from gctl.store import listing, stored, tables
 
 T = TypeVar("T", bound=meta.Resource)
 Execute = Callable[[Executable], Result[Any]]
@@ -37,7 +37,7 @@ def objects(execute: Execute, cls: type[T], where: Sequence[Any], order: Sequenc
         if cached is None or cached[0] != version:
             if len(_VALIDATED) >= MAX_KEPT:
                 _VALIDATED.clear()
-            cached = _VALIDATED[uid] = (version, cls.model_validate(w))
+            cached = _VALIDATED[uid] = (version, stored.validated(cls, w))
         found.append(cached[1])
     return found  # type: ignore[return-value]  # validated as `cls`, under its uid
 

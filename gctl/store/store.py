@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from gctl.api import binding, errors, event, job, meta, selector
-from gctl.store import db, driver, events, listing, schema, shared, tables
+from gctl.store import db, driver, events, listing, schema, shared, stored, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
@@ -237,7 +237,7 @@ class Store:
         namespace: str | None = None,
         label_selector: selector.Selector | None = None,
     ) -> list[T]:
-        return [cls.model_validate(w) for w in self.list_wire(cls, namespace, label_selector)]
+        return [stored.validated(cls, w) for w in self.list_wire(cls, namespace, label_selector)]
 
     def lock_objects(self, cls: type[T], namespace: str | None = None) -> list[T]:
         """Read objects and hold them until this transaction ends, for a write that must not
@@ -249,11 +249,11 @@ class Store:
             # this one, before the objects, or it deadlocks with a writer waiting on them.
             self.execute(select(_REVISION.c.revision).with_for_update())
         rows = self._rows(cls, namespace, for_update=True)
-        return [cls.model_validate(row_to_wire(cls, row)) for row in rows]
+        return [stored.validated(cls, row_to_wire(cls, row)) for row in rows]
 
     def find(self, cls: type[T], name: str, namespace: str | None = None) -> T | None:
         rows = self._rows(cls, namespace_of(cls, namespace), [name])
-        return cls.model_validate(row_to_wire(cls, rows[0])) if rows else None
+        return stored.validated(cls, row_to_wire(cls, rows[0])) if rows else None
 
     def get(self, cls: type[T], name: str, namespace: str | None = None) -> T:
         found = self.find(cls, name, namespace)
@@ -296,7 +296,7 @@ class Store:
         ordered = sorted(set(names))
         for start in range(0, len(ordered), 500):
             rows = self._rows(cls, namespace_of(cls, namespace), ordered[start : start + 500])
-            found.extend(cls.model_validate(row_to_wire(cls, row)) for row in rows)
+            found.extend(stored.validated(cls, row_to_wire(cls, row)) for row in rows)
         return found
 
     def bindings_of_many(self, job_uids: Sequence[str]) -> dict[str, list[binding.Binding]]:
@@ -309,7 +309,7 @@ class Store:
             for row in self.execute(
                 select(*tables.readable(table)).where(table.c.job_uid.in_(chunk))
             ):
-                b = binding.Binding.model_validate(row_to_wire(binding.Binding, row))
+                b = stored.validated(binding.Binding, row_to_wire(binding.Binding, row))
                 found.setdefault(row.job_uid, []).append(b)
         for attempts in found.values():
             attempts.sort(key=lambda b: b.spec.attempt)
@@ -319,7 +319,7 @@ class Store:
         """Every attempt of one Job, oldest first."""
         table = _table(binding.Binding.KIND)
         rows = self.execute(select(*tables.readable(table)).where(table.c.job_uid == job_uid)).all()
-        found = [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
+        found = [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
         return sorted(found, key=lambda b: b.spec.attempt)
 
     def active_bindings(
@@ -331,7 +331,7 @@ class Store:
         if node_name is not None:
             query = query.where(table.c.node == node_name)
         rows = self.execute(query).all()
-        return [binding.Binding.model_validate(row_to_wire(binding.Binding, r)) for r in rows]
+        return [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
 
     def any_queued_bindings(self) -> bool:
         """Whether some attempt is bound ahead and not started: not taken by its agent, or

@@ -1,0 +1,26 @@
+"""Stored documents back into objects: a row that no longer validates is one error that names
+it (`errors.StoredInvalid`), never pydantic's, so that a daemon can set that object aside and
+go on with the others, and the CLI can say it in one line."""
+
+from typing import Any, TypeVar
+
+import pydantic
+
+from gctl.api import errors, meta
+
+T = TypeVar("T", bound=meta.Resource)
+
+
+def validated(cls: type[T], wire: dict[str, Any]) -> T:
+    try:
+        return cls.model_validate(wire)
+    except pydantic.ValidationError as exc:
+        from gctl.api import manifest  # only on this path: YAML and the rest are not needed
+
+        metadata = wire["metadata"]
+        raise errors.StoredInvalid(
+            (cls.KIND, metadata.get("namespace", ""), metadata["name"]),
+            metadata.get("uid", ""),
+            str(metadata.get("resourceVersion", "")),
+            manifest.first_error(exc, ""),
+        ) from None
