@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller import jobs, nodes, scheduling, sweeps
-from gctl.api import binding, errors, job, kinds, meta, node, sweep
-from gctl.store import db, feed, store
+from gctl.api import binding, errors, job, meta, node, sweep
+from gctl.store import db, events, feed, store
 
 log = logging.getLogger("gctl.controller")
 SOURCE = "controller"
@@ -114,10 +114,7 @@ class Controller:
         self._invalid[exc.key] = exc.resource_version
         log.warning("%s; set aside until it changes", exc)
         kind, namespace, name = exc.key
-        # Its document does not validate: the Event needs only its names and uid.
-        names: dict[str, Any] = {"name": name, "namespace": namespace or None, "uid": exc.uid}
-        standin: dict[str, Any] = {"metadata": meta.ObjectMeta.model_construct(**names)}
-        involved = kinds.model(kind).model_construct(**standin)
+        involved = events.standin(kind, name, namespace, exc.uid)  # it does not validate
         message = f"stored {kind} does not validate ({exc.detail}); left alone until it changes"
         try:
             store.transact(

@@ -14,11 +14,11 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import select
 
-from gctl.api import event, meta
+from gctl.api import event, kinds, meta
 from gctl.store import listing, tables
 
 if TYPE_CHECKING:
@@ -35,6 +35,14 @@ class Occurrence(NamedTuple):
     message: str = ""
     type_: str = "Normal"
     source: str = ""
+
+
+def standin(kind: str, name: str, namespace: str | None, uid: str | None) -> meta.Resource:
+    """An object known by its names and uid alone, to record an Event about it without reading
+    it: its stored document may not validate, or need not be read for an Event."""
+    names: dict[str, Any] = {"name": name, "namespace": namespace or None, "uid": uid}
+    known: dict[str, Any] = {"metadata": meta.ObjectMeta.model_construct(**names)}
+    return kinds.model(kind).model_construct(**known)
 
 
 class EventLog:
