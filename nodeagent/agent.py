@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gctl.api import binding, errors, job, meta, node
-from gctl.store import db, feed, notify, store
+from gctl.store import db, events, feed, notify, store
 from nodeagent import gpus as gpu_backends
 from nodeagent import heartbeat, launches, reports, runtime, supervisor
 
@@ -71,6 +71,7 @@ class Agent:
         self.clock = clock
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
+        self._events: list[events.Occurrence] = []  # and the Events that go with them
         self._taking: list[binding.Binding] = []  # attempts bound ahead this pass takes or arms
         self._arming: dict[str, runtime.Launch] = {}  # launches of those it arms, by uid
         self._bindings: list[binding.Binding] = []  # this node's, as this pass read them
@@ -110,6 +111,7 @@ class Agent:
         bound_uids = {b.metadata.uid for b in bindings}
         self._bindings = bindings
         self._reports = []
+        self._events = []
         self._taking = []
         self._arming = {}
         self._seen = {}
@@ -286,6 +288,8 @@ class Agent:
             if state.phase in ("running", "armed"):
                 log.warning("stopping %s: its attempt was declared lost", bound.name)
                 self.runtime.stop(uid, warn=False)
+            elif (learnt := reports.lost_and_ended(bound, state)) is not None:
+                self._tell_lost_end(bound, *learnt)
             return
         if bound.spec.stop_reason and state.phase == "running":
             # A job asked for a warning before preemption, eviction, its deadline or a
@@ -388,11 +392,28 @@ class Agent:
         if status is not None and status != bound.status:
             self._reports.append(bound.model_copy(update={"status": status}))
 
+    def _tell_lost_end(
+        self, bound: binding.Binding, status: binding.BindingStatus, message: str
+    ) -> None:
+        """Keep how a lost attempt ended, learnt on coming back: in its Binding (still Lost:
+        its Job was requeued on it and stays so) and in an Event on its Job, written with the
+        pass's reports in one transaction, so the Event is told once, with the exit it tells."""
+        self._reports.append(bound.model_copy(update={"status": status}))
+        owner = events.standin(
+            job.Job.KIND, bound.spec.job_name, bound.namespace, bound.spec.job_uid
+        )
+        self._events.append(
+            events.Occurrence(
+                owner, reports.REASON_LOST_ENDED, message, source=f"agent/{self.name}"
+            )
+        )
+
     def _flush_reports(self) -> list[binding.Binding]:
         """Write the pass's reports in one transaction: one commit, one wake-up of the
         controller, however many attempts ended together. Returns the attempts this pass took,
         as written, once the write committed (none if it failed)."""
         reports, self._reports = self._reports, []
+        occurrences, self._events = self._events, []
         taking, self._taking = {b.metadata.uid for b in self._taking}, []
         if not reports:
             return []
@@ -405,6 +426,8 @@ class Agent:
                         written = writer.update_status(report)
                         if written.metadata.uid in taking:
                             taken.append(written)
+                    for o in occurrences:
+                        writer.record_event(o.involved, o.reason, o.message, source=o.source)
             if writer.written_revision is not None:
                 with self._written_lock:
                     self._written.add(writer.written_revision)

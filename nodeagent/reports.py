@@ -5,7 +5,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from gctl.api import binding, job
-from nodeagent import runtime
+from nodeagent import runtime, supervisor
 
 REPORTED = frozenset({"running", "exited", "lost"})  # the states a Binding's status tells
 
@@ -50,6 +50,37 @@ def status_after(
         status.reason = "Lost"
         status.message = state.message
     return status
+
+
+REASON_LOST_ENDED = "LostAttemptEnded"  # the Event on a Job: how an attempt lost here ended
+
+
+def lost_and_ended(
+    bound: binding.Binding, state: runtime.State
+) -> tuple[binding.BindingStatus, str] | None:
+    """How an attempt declared Lost (its node was silent past the timeout) really ended, once
+    its agent is back and finds the exit its supervisor recorded: the status it keeps (phase
+    Lost, as its Job was requeued on it, with the exit code, signal and the time the job
+    ended) and the message of the Event on its Job. None when there is nothing to add: it has
+    not ended, never started, or its exit is told already."""
+    if state.phase != "exited" or state.exit_code is None or bound.status.exit_code is not None:
+        return None
+    status = bound.status.model_copy(deep=True)
+    status.exit_code = state.exit_code
+    status.signal = state.signal
+    status.pid = state.pid or status.pid
+    if state.finished is not None:  # when the supervisor saw it end, not when it was lost
+        status.finish_time = datetime.fromtimestamp(state.finished, UTC)
+    at = "" if status.finish_time is None else f" at {status.finish_time:%Y-%m-%dT%H:%M:%SZ}"
+    code = f"code {state.exit_code}" + (f" ({state.signal})" if state.signal else "")
+    if state.reason == supervisor.FENCED:
+        how = f"was stopped by its supervisor, its agent silent past the fence: exit {code}{at}"
+    elif state.stopped:
+        how = f"was still running when its agent came back, which stopped it: exit {code}{at}"
+    else:
+        how = f"exited with {code}{at}"
+    spec = bound.spec
+    return status, f"attempt {spec.attempt} on {spec.node}, lost while the node was silent, {how}"
 
 
 def exit_outcome(state: runtime.State) -> tuple[str, str | None]:

@@ -6,6 +6,7 @@ Waits poll `gctl get` every 0.1 s up to a generous timeout; nothing asserts on s
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -241,6 +242,56 @@ def test_agent_killed_mid_job_learns_the_real_exit_code(
     attempt = json.loads(gctl.ok("get", "binding", "survivor-1", "-o", "json"))["status"]
     finished = datetime.fromisoformat(attempt["finishTime"]).timestamp()
     assert float(ended.read_text()) <= finished < restarted - 0.5
+
+
+def test_a_lost_attempt_keeps_the_exit_code_its_agent_learns_on_return(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path
+) -> None:
+    """The node stays silent past its timeout: the attempt is Lost and the Job requeued. The
+    job ends meanwhile under its supervisor; the agent, back, tells how: the Binding stays
+    Lost with the real exit code and end time, the Job gets an Event, and the Job goes on as
+    requeued (its second attempt runs, and decides its phase)."""
+    cluster.controller(node_timeout=2)
+    cluster.agent("n1", gpus=1)
+    go, ended = tmp_path / "go", tmp_path / "ended"
+    apply_job(
+        gctl,
+        "orphan",
+        f"if [ $GCTL_ATTEMPT = 2 ]; then exit 0; fi; "
+        f"while ! test -e {go}; do sleep 0.05; done; date +%s.%N > {ended}; exit 7",
+    )
+    wait_for(phase_is(gctl, "orphan", "Running"), "orphan to run")
+    cluster.kill("n1")  # SIGKILL: the job goes on under its supervisor
+    requeued = wait_for(phase_is(gctl, "orphan", "Pending"), "the attempt to be lost")
+    assert (requeued["status"]["reason"], requeued["status"]["attempts"]) == ("AttemptLost", 1)
+    go.touch()  # the job ends while its node is lost
+    wait_for(ended.exists, "the job to end")
+    time.sleep(1)
+    restarted = time.time()
+    cluster.agent("n1", gpus=1)
+
+    def told() -> dict[str, Any] | None:
+        found = json.loads(gctl.ok("get", "binding", "orphan-1", "-o", "json"))["status"]
+        return found if found.get("exitCode") is not None else None
+
+    lost = wait_for(told, "the returning agent to tell how the lost attempt ended")
+    assert (lost["phase"], lost["reason"], lost["exitCode"]) == ("Lost", "NodeLost", 7)
+    finished = datetime.fromisoformat(lost["finishTime"])
+    assert float(ended.read_text()) - 1 < finished.timestamp() < restarted - 0.5
+    done = wait_for(phase_is(gctl, "orphan", "Succeeded"), "the second attempt to succeed")
+    assert (done["status"]["attempts"], done["status"]["exitCode"]) == (2, 0)
+    said = (
+        f"attempt 1 on n1, lost while the node was silent, exited with code 7 at "
+        f"{finished:%Y-%m-%dT%H:%M:%SZ}"
+    )
+    described = " ".join(gctl.ok("describe", "job", "orphan").split())
+    assert re.search(rf"Normal LostAttemptEnded \S+ agent/n1 {re.escape(said)}", described), (
+        described
+    )
+    events = json.loads(gctl.ok("get", "events", "-o", "json"))["items"]
+    assert [e["spec"]["message"] for e in events if e["spec"]["reason"] == "LostAttemptEnded"] == [
+        said
+    ]
 
 
 def test_controller_killed_while_scheduling_runs_each_job_once(

@@ -11,7 +11,7 @@ import pytest
 from gctl.api import binding, job
 from gctl.cli import rerunning
 from nodeagent import reports, runtime, supervisor
-from tests.builders import make_job
+from tests.builders import make_binding, make_job
 
 
 @pytest.mark.parametrize(
@@ -121,3 +121,68 @@ def test_a_rerun_is_asked_for_by_a_token_not_yet_handled() -> None:
 def test_rerun_tokens_are_utc_to_the_microsecond() -> None:
     moment = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     assert rerunning.token(moment) == "2026-01-02T03:04:05.000006Z"
+
+
+def _lost(**status: object) -> binding.Binding:
+    lost = make_binding("train", "n1", [0], phase="Lost", pid=40)
+    lost.status.reason = "NodeLost"
+    lost.status.finish_time = datetime(2026, 1, 1, 12, 5, tzinfo=UTC)  # when it was declared lost
+    for name, value in status.items():
+        setattr(lost.status, name, value)
+    return lost
+
+
+ENDED = datetime(2026, 1, 1, 12, 3, 4, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        (
+            runtime.State("exited", pid=40, finished=ENDED, exit_code=7),
+            "exited with code 7 at 2026-01-01T12:03:04Z",
+        ),
+        (
+            runtime.State(
+                "exited", pid=40, finished=ENDED, exit_code=143, signal="SIGTERM", stopped=True
+            ),
+            "was still running when its agent came back, which stopped it: exit code 143 "
+            "(SIGTERM) at 2026-01-01T12:03:04Z",
+        ),
+        (
+            runtime.State(
+                "exited",
+                finished=ENDED,
+                exit_code=143,
+                signal="SIGTERM",
+                stopped=True,
+                reason=supervisor.FENCED,
+            ),
+            "was stopped by its supervisor, its agent silent past the fence: exit code 143 "
+            "(SIGTERM) at 2026-01-01T12:03:04Z",
+        ),
+    ],
+)
+def test_a_lost_attempt_keeps_how_it_really_ended(state: runtime.State, said: str) -> None:
+    learnt = reports.lost_and_ended(_lost(), state)
+
+    assert learnt is not None
+    status, message = learnt
+    assert (status.phase, status.reason, status.exit_code) == ("Lost", "NodeLost", state.exit_code)
+    assert status.finish_time == datetime.fromtimestamp(ENDED, UTC)
+    assert message == f"attempt 1 on n1, lost while the node was silent, {said}"
+
+
+@pytest.mark.parametrize(
+    ("bound", "state"),
+    [
+        (_lost(), runtime.State("running", pid=40)),  # it has not ended: it is stopped first
+        (_lost(), runtime.State("lost")),  # its supervisor died: no exit to tell
+        (_lost(), runtime.State("exited", message=supervisor.NOT_STARTED)),  # never started
+        (_lost(exit_code=7), runtime.State("exited", exit_code=7, finished=ENDED)),  # told
+    ],
+)
+def test_a_lost_attempt_with_nothing_new_is_left_as_it_is(
+    bound: binding.Binding, state: runtime.State
+) -> None:
+    assert reports.lost_and_ended(bound, state) is None
