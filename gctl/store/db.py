@@ -82,8 +82,10 @@ class Database:
             self._turns.close()
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        """One read-write transaction, committed when the block ends without an error."""
+    def write(self, *, bell: Path | None = None) -> Iterator[Session]:
+        """One read-write transaction, committed when the block ends without an error. On
+        SQLite, `bell` is rung after the commit instead of the change feed's (`notify_path`):
+        for writes that the feed does not carry."""
         with (
             self._turns.turn() if self._turns is not None else contextlib.nullcontext(),
             translate_errors(self.url),
@@ -91,8 +93,9 @@ class Database:
             session.begin(),
         ):
             yield session
-        if self.notify_path is not None:  # committed: wake this host's watchers
-            notify.ring(self.notify_path)
+        rung = bell or self.notify_path
+        if rung is not None and self.sqlite_path is not None:  # committed: wake the watchers
+            notify.ring(rung)
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -28,23 +29,33 @@ class Waker(Protocol):
 
 
 class _PostgresWaker:
-    """Wakes on NOTIFY gctl_changes, which every write transaction sends as it commits."""
+    """Wakes on NOTIFY `channel` (gctl_changes, which every write transaction sends as it
+    commits, unless told another); with `payloads`, only on a notification carrying one."""
 
-    def __init__(self, database: db.Database, stop: threading.Event | None) -> None:
+    def __init__(
+        self,
+        database: db.Database,
+        stop: threading.Event | None,
+        channel: str = store.NOTIFY_CHANNEL,
+        payloads: frozenset[str] | None = None,
+    ) -> None:
         import psycopg
+        from psycopg import sql
         from sqlalchemy import make_url
 
         url = make_url(database.url).set(drivername="postgresql")
         self._stop = stop
+        self._payloads = payloads
         self._conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
-        self._conn.execute("LISTEN gctl_changes")  # store.NOTIFY_CHANNEL
+        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
     def wait(self, timeout: float) -> bool:
         step = 0.5 if self._stop is not None else timeout
         waited = 0.0
         while waited < timeout:
-            for _ in self._conn.notifies(timeout=min(step, timeout - waited), stop_after=1):
-                return True
+            for notice in self._conn.notifies(timeout=min(step, timeout - waited)):
+                if self._payloads is None or notice.payload in self._payloads:
+                    return True
             if self._stop is not None and self._stop.is_set():
                 return False
             waited += step
@@ -58,6 +69,22 @@ def waker(database: db.Database, stop: threading.Event | None = None) -> Waker:
     if database.notify_path is not None:
         return notify.bell(database.notify_path, stop)
     return _PostgresWaker(database, stop)
+
+
+def channel_waker(
+    database: db.Database,
+    stop: threading.Event | None,
+    *,
+    bell: Path | None,
+    channel: str,
+    payloads: frozenset[str],
+) -> Waker:
+    """A waker of its own, for writes that the change feed does not carry: on SQLite the
+    doorbell `bell`, on PostgreSQL NOTIFY on `channel` with one of `payloads`."""
+    if database.sqlite_path is not None:
+        assert bell is not None, "a SQLite database needs a doorbell"
+        return notify.bell(bell, stop)
+    return _PostgresWaker(database, stop, channel, payloads)
 
 
 class Watch(AbstractContextManager["Watch"]):

@@ -36,6 +36,13 @@ def notify_path(sqlite_file: Path) -> Path:
     return sqlite_file.with_name(sqlite_file.name + "-notify")
 
 
+def logs_notify_path(sqlite_file: Path) -> Path:
+    """The doorbell rung after every committed write of logs through the database
+    (gctl.store.logstreams): apart from the change feed's, so that a log on its way wakes
+    neither the controller nor the agents' loops."""
+    return sqlite_file.with_name(sqlite_file.name + "-logs")
+
+
 def writers_path(sqlite_file: Path) -> Path:
     """The file whose flock SQLite writers take turns on (gctl.store.writers)."""
     return sqlite_file.with_name(sqlite_file.name + "-writers")

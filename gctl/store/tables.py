@@ -6,11 +6,15 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     ColumnElement,
     DateTime,
     Dialect,
+    Float,
+    ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -162,6 +166,39 @@ class ChangeRow(Base):
     name: Mapped[str] = mapped_column(String(253))
     uid: Mapped[str] = mapped_column(String(36))
     object: Mapped[dict[str, Any]]
+
+
+class LogRequestRow(Base):
+    """A request for one attempt's log, from a `gctl logs` on any host to the agent of the
+    attempt's node, which answers with LogChunkRows (gctl.store.logstreams). Not an object:
+    no revision, no change feed; the requester deletes it when done, the agent when its lease
+    lapses."""
+
+    __tablename__ = "log_requests"
+    __table_args__ = (Index("ix_log_requests_node", "node"),)
+    id: Mapped[int] = mapped_column(BigSerial, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(253))
+    binding_uid: Mapped[str] = mapped_column(String(36))
+    path: Mapped[str] = mapped_column(Text)  # the log, as the attempt's Binding reports it
+    follow: Mapped[bool] = mapped_column(Boolean)
+    lease_seconds: Mapped[float] = mapped_column(Float)
+    renewed_at: Mapped[datetime]  # the requester's clock; the agent only sees it change
+    state: Mapped[str] = mapped_column(String(16))  # Pending | Serving | Done | Failed
+    message: Mapped[str | None] = mapped_column(Text)
+    sent: Mapped[int] = mapped_column(BigInteger)  # bytes the agent has written as chunks
+    received: Mapped[int] = mapped_column(BigInteger)  # bytes the requester has taken
+
+
+class LogChunkRow(Base):
+    """Bytes `position` to `position + len(data)` of a requested log, until its requester has
+    taken them."""
+
+    __tablename__ = "log_chunks"
+    request_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("log_requests.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 def table_of(kind: str) -> Table:
