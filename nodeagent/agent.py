@@ -24,7 +24,7 @@ from pathlib import Path
 from gctl.api import binding, errors, job, meta, node
 from gctl.store import db, events, feed, notify, store
 from nodeagent import gpus as gpu_backends
-from nodeagent import heartbeat, launches, reports, runtime, supervisor
+from nodeagent import heartbeat, launches, logserver, reports, runtime, supervisor
 
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
@@ -87,6 +87,14 @@ class Agent:
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
         self._written_lock = threading.Lock()
+        # Sends this node's logs to `gctl logs` on other hosts, in a thread of its own.
+        self.logs = logserver.LogServer(
+            database,
+            node_name,
+            self.runtime.logs_dir,
+            exits_bell=self.runtime.attempts_dir / supervisor.NOTIFY,
+            ended=self._ended,
+        )
 
     # -- the Node ------------------------------------------------------------------------------
 
@@ -474,6 +482,7 @@ class Agent:
             threading.Thread(
                 target=self._follow_attempts, args=(stop,), daemon=True, name="agent-files"
             ),
+            threading.Thread(target=self.logs.run, args=(stop,), daemon=True, name="agent-logs"),
         ]
         for thread in watchers:
             thread.start()
@@ -533,6 +542,11 @@ class Agent:
                 log.warning("change feed interrupted (%s); reconnecting", exc)
                 self.wake.set()
                 stop.wait(2.0)
+
+    def _ended(self, uid: str) -> bool:
+        """Whether an attempt has ended on this host (or was never here, or was forgotten
+        once its end was reported), for the log server."""
+        return self.runtime.state(uid).phase in ("exited", "lost", "absent")
 
     def _follow_attempts(self, stop: threading.Event) -> None:
         """Wake the loop when a supervisor records a start or an exit."""
