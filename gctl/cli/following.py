@@ -1,5 +1,6 @@
 """Following a Job as it runs: its attempts through the change feed, an attempt's log through
-watchfiles, and Ctrl-C as an event.
+watchfiles (or through its node's agent, `nodelogs`, when it is on another host), and Ctrl-C
+as an event.
 
 Nothing here waits on a timer. A `View` is a Job and its attempts read at one revision;
 `await_view` re-reads it after every change to them until a decision function answers. `show`
@@ -135,19 +136,21 @@ def show(
     revision: int,
     follow: bool,
     stop: threading.Event,
+    *,
+    from_node: bool = False,
 ) -> None:
-    """Print an attempt's log; with `follow`, keep printing until the attempt ends."""
+    """Print an attempt's log; with `follow`, keep printing until the attempt ends. A log that
+    is not on this machine (or any, with `from_node`) comes through its node's agent."""
     where = f"attempt {attempt.spec.attempt} of job {attempt.spec.job_name}"
     if attempt.status.log_path is None:
         why = attempt.status.message or attempt.status.reason or "no reason given"
         raise errors.NotFound(f"{where} ended before it started: {why}")
-    path = Path(attempt.status.log_path)
-    if not log_here(attempt):
-        raise errors.NotFound(
-            f"{where} ran on node {attempt.spec.node}: its log {path} is not on this machine; "
-            f"run gctl logs on {attempt.spec.node}"
-        )
-    tail = _Tail(path)
+    if from_node or not log_here(attempt):
+        from gctl.cli import nodelogs
+
+        nodelogs.show(database, attempt, follow and attempt.status.phase not in ENDED, stop)
+        return
+    tail = _Tail(Path(attempt.status.log_path))
     try:
         if follow and attempt.status.phase not in ENDED:
             _follow(database, attempt, revision, tail, stop)

@@ -298,6 +298,16 @@ TimeoutOpt = Annotated[
 ]
 
 
+FromNodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--from-node",
+        help="Read the output through its node's agent even if its path exists here "
+        "(a directory shared over NFS, which does not see another host's appends).",
+    ),
+]
+
+
 @app.command()
 def logs(
     job: Annotated[str, typer.Argument(help="The Job, as NAME or job/NAME.")],
@@ -311,6 +321,7 @@ def logs(
     previous: Annotated[
         bool, typer.Option("-p", "--previous", help="Show the attempt before the latest.")
     ] = False,
+    from_node: FromNodeOpt = False,
     db: DbOpt = None,
 ) -> None:
     """Print the output of a Job's latest attempt (or another one); -f follows it."""
@@ -323,6 +334,7 @@ def logs(
         attempt=attempt,
         previous=previous,
         db_url=db,
+        from_node=from_node,
     )
 
 
@@ -369,6 +381,7 @@ def run(
             help="Stream the output and exit with the Job's exit code; Ctrl-C deletes the Job.",
         ),
     ] = False,
+    from_node: FromNodeOpt = False,
     labels: Annotated[
         list[str] | None, typer.Option("-l", "--labels", help="key=value labels (repeatable).")
     ] = None,
@@ -392,6 +405,7 @@ def run(
         db_url=db,
         node=node,
         gpu_ids=gpu_ids,
+        from_node=from_node,
     )
 
 

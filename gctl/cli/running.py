@@ -37,6 +37,7 @@ def logs(
     attempt: int | None,
     previous: bool,
     db_url: str | None,
+    from_node: bool = False,
 ) -> None:
     from gctl.store import db
 
@@ -56,10 +57,10 @@ def logs(
     try:
         with following.interruptible(stop):
             if chosen is not None and following.started(chosen):
-                following.show(database, chosen, view.revision, follow, stop)
+                following.show(database, chosen, view.revision, follow, stop, from_node=from_node)
                 return
             started, view = following.await_view(database, view, _first_started(wanted), stop)
-            following.show(database, started, view.revision, follow, stop)
+            following.show(database, started, view.revision, follow, stop, from_node=from_node)
     except following.Interrupted:
         raise SystemExit(following.INTERRUPTED) from None
 
@@ -131,6 +132,7 @@ def run(
     db_url: str | None,
     node: str | None = None,
     gpu_ids: str | None = None,
+    from_node: bool = False,
 ) -> None:
     from gctl.store import db
 
@@ -170,7 +172,9 @@ def run(
     created = _create(database, new, generated=name is None)
     print(f"{created.ref()} created", file=sys.stderr if attach else sys.stdout, flush=True)
     if attach:
-        raise SystemExit(_attach(database, where, created.name, created.metadata.uid))
+        raise SystemExit(
+            _attach(database, where, created.name, created.metadata.uid, from_node=from_node)
+        )
 
 
 def _generated_name() -> str:
@@ -279,8 +283,18 @@ def _next_step(shown: int) -> Callable[[following.View], _Step | None]:
     return decide
 
 
-def _attach(database: db.Database, namespace: str, name: str, uid: str | None) -> int:
-    """Stream each attempt's output as it starts; return the exit code the Job ends with."""
+def _attach(
+    database: db.Database,
+    namespace: str,
+    name: str,
+    uid: str | None,
+    *,
+    from_node: bool = False,
+) -> int:
+    """Stream each attempt's output as it starts, from this machine or through its node's
+    agent; return the exit code the Job ends with."""
+    from gctl.cli import nodelogs
+
     stop = threading.Event()
     shown = 0
     try:
@@ -290,25 +304,22 @@ def _attach(database: db.Database, namespace: str, name: str, uid: str | None) -
                 step, view = following.await_view(database, view, _next_step(shown), stop)
                 if step.attempt is None:
                     return _exit_code(name, step)
-                if following.log_here(step.attempt):
-                    following.show(database, step.attempt, view.revision, True, stop)
-                elif step.attempt.status.log_path is not None:
-                    _elsewhere(step.attempt)
+                if step.attempt.status.log_path is not None:
+                    try:
+                        following.show(
+                            database, step.attempt, view.revision, True, stop, from_node=from_node
+                        )
+                    except nodelogs.NotAnswering as exc:
+                        _unanswered(exc)
                 shown = step.attempt.spec.attempt
     except following.Interrupted:
         return _stop_attached(database, namespace, name, uid)
 
 
-def _elsewhere(attempt: binding.Binding) -> None:
-    """An attempt that runs on another host: its output stays there, the wait goes on (Ctrl-C
-    still deletes the Job), and the command still ends with the Job's exit code."""
-    node = attempt.spec.node
-    print(
-        f"attempt {attempt.spec.attempt} runs on node {node}: its output stays there (gctl "
-        f"logs {attempt.spec.job_name} on {node}); waiting for it to end",
-        file=sys.stderr,
-        flush=True,
-    )
+def _unanswered(exc: Exception) -> None:
+    """An attempt whose node does not answer for its output: the wait goes on (Ctrl-C still
+    deletes the Job), and the command still ends with the Job's exit code."""
+    print(f"{exc}; waiting for the job to end", file=sys.stderr, flush=True)
 
 
 def _exit_code(name: str, finished: _Step) -> int:
