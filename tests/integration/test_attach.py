@@ -1,6 +1,7 @@
-"""`gctl run --attach` of a Job that runs on another host: the agent there reports a log path
-that is not on this machine. The command says so once, waits, and ends with the Job's exit
-code, instead of failing and leaving the Job running with nobody attached."""
+"""`gctl run --attach` of a Job that runs on another host whose agent does not answer for its
+log (down, or too old to serve logs): the agent there reports a log path that is not on this
+machine, and nothing takes the request for it. The command says so once, waits, and ends with
+the Job's exit code, instead of failing and leaving the Job running with nobody attached."""
 
 import threading
 from datetime import UTC, datetime
@@ -9,7 +10,7 @@ import pytest
 
 from controller import jobs, scheduling
 from gctl.api import binding, job
-from gctl.cli import running
+from gctl.cli import nodelogs, running
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node
 
@@ -25,9 +26,10 @@ def _report(database: db.Database, **status: object) -> None:
         writer.update_status(attempt)
 
 
-def test_attach_to_a_job_on_another_host_waits_and_ends_with_its_exit_code(
-    database: db.Database, capsys: pytest.CaptureFixture[str]
+def test_attach_to_a_job_on_a_silent_host_waits_and_ends_with_its_exit_code(
+    database: db.Database, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(nodelogs, "ANSWER_SECONDS", 0.5)
     builder = make_job("remote")
     builder.spec["backoffLimit"] = 0
     with database.write() as session:
@@ -48,7 +50,11 @@ def test_attach_to_a_job_on_another_host_waits_and_ends_with_its_exit_code(
     elsewhere.join(timeout=30)
     assert code == 3
     said = capsys.readouterr().err
-    assert "attempt 1 runs on node far: its output stays there" in said
+    assert (
+        "node far is not answering: its agent did not take the request for the log of "
+        "attempt 1 of job remote within 0.5s"
+    ) in said
+    assert "waiting for the job to end" in said
     assert "job.gctl/remote failed" in said
     with database.read() as session:
         assert store.Store(session).get(job.Job, "remote", "default").status.phase == "Failed"
