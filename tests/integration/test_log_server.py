@@ -1,0 +1,124 @@
+"""The agent's log server, pass by pass, on both databases: what it sends ahead of its reader,
+what it refuses, and when it gives up on a reader. A fake clock stands for the lease's time.
+"""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gctl.store import db, logstreams
+from nodeagent import logserver
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def logs_dir(tmp_path: Path) -> Path:
+    (tmp_path / "state" / "logs").mkdir(parents=True)
+    return tmp_path / "state" / "logs"
+
+
+def _server(database: db.Database, logs_dir: Path, clock: Clock) -> logserver.LogServer:
+    return logserver.LogServer(
+        database,
+        "n1",
+        logs_dir,
+        exits_bell=logs_dir.parent / "attempts-notify",
+        ended=lambda _uid: True,
+        clock=clock,
+    )
+
+
+def _ask(database: db.Database, path: Path, follow: bool = False) -> int:
+    with logstreams.writing(database) as session:
+        return logstreams.open_request(
+            session,
+            node="n1",
+            binding_uid="b-1",
+            path=str(path),
+            follow=follow,
+            lease_seconds=10.0,
+            now=T0,
+        )
+
+
+def _read(database: db.Database, request_id: int) -> tuple[logstreams.Request | None, bytes]:
+    with database.read() as session:
+        request, chunks = logstreams.read(session, request_id, 0, 1 << 30)
+    return request, b"".join(c.data for c in chunks)
+
+
+def test_sends_at_most_a_window_ahead_of_its_reader(database: db.Database, logs_dir: Path) -> None:
+    log = logs_dir / "attempt-1.log"
+    log.write_bytes(bytes(range(256)) * (5 * logserver.WINDOW_BYTES // 256 // 2))  # 2.5 windows
+    server = _server(database, logs_dir, Clock())
+    request_id = _ask(database, log)
+
+    server.serve()
+    request, sent = _read(database, request_id)
+    assert request is not None
+    assert (request.state, request.sent, len(sent)) == (
+        "Serving",
+        logserver.WINDOW_BYTES,
+        request.sent,
+    )
+    server.serve()  # nothing taken: nothing more
+    assert _read(database, request_id)[0].sent == logserver.WINDOW_BYTES  # type: ignore[union-attr]
+
+    received = b""
+    while True:
+        request, sent = _read(database, request_id)
+        assert request is not None
+        received += sent
+        with logstreams.writing(database) as session:
+            logstreams.take(session, request, len(received))
+        if request.state == logstreams.DONE and len(received) == request.sent:
+            break
+        server.serve()
+    assert received == log.read_bytes()
+    server.close()
+
+
+def test_refuses_a_file_outside_its_logs(database: db.Database, logs_dir: Path) -> None:
+    secret = logs_dir.parent / "elsewhere.txt"
+    secret.write_text("not a log")
+    request_id = _ask(database, logs_dir / ".." / "elsewhere.txt")
+
+    _server(database, logs_dir, Clock()).serve()
+
+    request, sent = _read(database, request_id)
+    assert request is not None
+    assert (request.state, sent) == ("Failed", b"")
+    assert request.message == f"{logs_dir / '..' / 'elsewhere.txt'} is not a log of node n1"
+
+
+def test_drops_a_request_not_renewed_for_its_lease(database: db.Database, logs_dir: Path) -> None:
+    log = logs_dir / "attempt-1.log"
+    log.write_bytes(b"x" * (2 * logserver.WINDOW_BYTES))
+    clock = Clock()
+    server = _server(database, logs_dir, clock)
+    renewed = _ask(database, log)
+    abandoned = _ask(database, log)
+    assert server.serve() == 10.0  # until the first lease may end
+
+    clock.now += 6
+    with logstreams.writing(database) as session:
+        assert logstreams.renew(session, renewed, datetime(2026, 1, 1, 0, 0, 6, tzinfo=UTC))
+    server.serve()
+    clock.now += 6
+    server.serve()
+
+    assert _read(database, abandoned) == (None, b"")
+    request, sent = _read(database, renewed)
+    assert request is not None
+    assert len(sent) == logserver.WINDOW_BYTES
+    server.close()
