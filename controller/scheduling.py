@@ -1,6 +1,7 @@
 """The scheduling pass: read a snapshot, let `placement` decide, then apply it with compare-and-set.
 
-One pass is one transaction, in three steps:
+A pass runs in three steps (on SQLite the first two in a read transaction and the third in a
+write transaction, so that its reads hold no writer back: `run`; elsewhere all three in one):
 
 1. read (`reading`): the pending Jobs as stored (unvalidated: a pass looks at every one of them,
    so it pays only for those it writes), Nodes, GPUPools, GPUProfiles, the active Bindings and
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controller import diagnosis, jobs, placement, reading
-from gctl.api import binding, job, meta, queue
-from gctl.store import bulk, store
+from gctl.api import binding, errors, job, meta, queue
+from gctl.store import bulk, db, store
 
 SOURCE = "controller/scheduler"
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
@@ -99,47 +100,113 @@ class _Budget:
 
 
 def schedule(writer: store.Store, now: datetime, limits: Limits = LIMITS) -> datetime | None:
-    """One pass; returns when the next one is due: `now` when work was left for it (`now +
-    FOLLOW_UP` when the pass started Jobs and left the rest), else when the next back-off
-    ends, if any."""
+    """One pass in one transaction; returns when the next one is due: `now` when work was
+    left for it (`now + FOLLOW_UP` when the pass started Jobs and left the rest), else when
+    the next back-off ends, if any."""
     with bulk.collector_paused():  # some hundred thousand objects over 10,000 pending Jobs
-        return _pass(writer, now, limits)
+        writer.lock_scheduling()
+        return _write(writer, _plan(writer, now, limits), now, limits)
 
 
-def _pass(writer: store.Store, now: datetime, limits: Limits) -> datetime | None:
-    writer.lock_scheduling()
-    pending = writer.pending_wires()
+def run(
+    database: db.Database, now: datetime, limits: Limits = LIMITS
+) -> tuple[datetime | None, int | None]:
+    """The controller's pass: as `schedule`, and the revision it wrote at, if it wrote.
+
+    SQLite has one writer at a time, and a pass that read and planned under the write lock
+    held every other writer (an apply, an agent's report) for all of it: seconds over a queue
+    of 100,000 Jobs. There the pass reads and plans in a read transaction, and only its writes
+    take the lock. They are guarded as every write is (the CAS of each Job and Binding it
+    read), and what no CAS sees, a Binding another pass made meanwhile (a second controller on
+    the same file) or a Node deleted, makes it plan again from a fresh read (`RACES`). After
+    `OPTIMISTIC_TRIES` such tries it reads under the lock, as on PostgreSQL, where reads never
+    hold writers back and a pass is one transaction under its advisory lock."""
+    if database.dialect == "sqlite":
+        for _ in range(OPTIMISTIC_TRIES):
+            with bulk.collector_paused():
+                with database.read() as session:
+                    reader = store.Store(session)
+                    since = reader.current_revision()
+                    planned = _plan(reader, now, limits)
+                try:
+                    with database.write() as session:
+                        writer = store.Store(session)
+                        if writer.changed_since(since, RACES):
+                            raise PassRaced
+                        due = _write(writer, planned, now, limits)
+                        return due, writer.written_revision
+                except (errors.Conflict, PassRaced):
+                    continue
+    written: list[int | None] = [None]
+
+    def locked(writer: store.Store) -> datetime | None:
+        due = schedule(writer, now, limits)
+        written[0] = writer.written_revision
+        return due
+
+    return store.transact(database, locked), written[0]
+
+
+class PassRaced(Exception):
+    """A pass's plan may no longer hold (`RACES`) though no CAS of its writes would fail."""
+
+
+OPTIMISTIC_TRIES = 3
+# Writes between a pass's read and its own that its plan cannot survive and no CAS of its
+# writes sees: a Binding made by another pass (its GPUs are taken) and a Node deleted (bind
+# nothing to a Node that is gone).
+RACES = (("Binding", "ADDED"), ("Node", "DELETED"))
+
+
+@dataclass
+class _Planned:
+    """What a pass read and decided, for its writes."""
+
+    held: list[Wire]
+    decisions: list[placement.Decision]
+    by_key: dict[Key, Wire]
+    world: reading.World | None
+    complete: bool = True
+    on_metrics: bool = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
+
+
+def _plan(reader: store.Store, now: datetime, limits: Limits) -> _Planned:
+    pending = reader.pending_wires()
     reading.REQUESTS.begin(len(pending))
     _TOLD.begin(len(pending))
-    succeeded = reading.succeeded_dependencies(writer, pending)
+    succeeded = reading.succeeded_dependencies(reader, pending)
     eligible: list[Wire] = []
     held: list[Wire] = []
     for w in pending:
         (held if queue.held(w, now, succeeded) else eligible).append(w)
-    complete = True
-    budget = _Budget.of(limits)
-    on_metrics = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
-    if eligible or writer.any_queued_bindings():
-        world = reading.read_world(writer)
-        by_key = {reading.key(w): w for w in eligible}
-        requests = reading.requests_of(eligible, world)
-        for request, w in reading.queued_requests(world):
-            by_key[reading.key(w)] = w
-            requests.append(request)
-        result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
-        budget = _Budget.of(limits)  # the time limit counts from the first write
-        _apply(writer, result.decisions, by_key, world, now, budget=budget)
-        complete = result.complete
-        foreign = any(g.foreign_memory for g in world.snapshot.gpus)
-        pools = world.snapshot.pools
-        on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
-    _forget_queue(writer, held, budget)
-    if complete and budget.follow_up:
+    if not eligible and not reader.any_queued_bindings():
+        return _Planned(held, [], {}, None)
+    world = reading.read_world(reader)
+    by_key = {reading.key(w): w for w in eligible}
+    requests = reading.requests_of(eligible, world)
+    for request, w in reading.queued_requests(world):
+        by_key[reading.key(w)] = w
+        requests.append(request)
+    result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
+    foreign = any(g.foreign_memory for g in world.snapshot.gpus)
+    pools = world.snapshot.pools
+    on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
+    return _Planned(held, result.decisions, by_key, world, result.complete, on_metrics)
+
+
+def _write(
+    writer: store.Store, planned: _Planned, now: datetime, limits: Limits
+) -> datetime | None:
+    budget = _Budget.of(limits)  # the time limit counts from the first write
+    if planned.world is not None:
+        _apply(writer, planned.decisions, planned.by_key, planned.world, now, budget=budget)
+    _forget_queue(writer, planned.held, budget)
+    if planned.complete and budget.follow_up:
         return now + FOLLOW_UP
-    if not complete or budget.short:
+    if not planned.complete or budget.short:
         return now
-    due = _next_retry(held, now)
-    if on_metrics:
+    due = _next_retry(planned.held, now)
+    if planned.on_metrics:
         due = min(due or now + METRICS_RECHECK, now + METRICS_RECHECK)
     return due
 

@@ -19,10 +19,12 @@ from sqlalchemy import (
     Result,
     Row,
     Table,
+    and_,
     bindparam,
     delete,
     exc,
     insert,
+    or_,
     select,
     update,
 )
@@ -332,6 +334,19 @@ class Store:
             query = query.where(table.c.node == node_name)
         rows = self.execute(query).all()
         return [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
+
+    def changed_since(self, revision: int, changes: Sequence[tuple[str, str]]) -> bool:
+        """Whether, after `revision`, an object of one of these (kind, change type) pairs was
+        written, as the change feed tells: ("Binding", "ADDED") ..."""
+        query = (
+            select(_CHANGES.c.id)
+            .where(
+                _CHANGES.c.revision > revision,
+                or_(*(and_(_CHANGES.c.kind == k, _CHANGES.c.type == t) for k, t in changes)),
+            )
+            .limit(1)
+        )
+        return self.execute(query).first() is not None
 
     def any_queued_bindings(self) -> bool:
         """Whether some attempt is bound ahead and not started: not taken by its agent, or

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller import jobs, reading, scheduling
+from controller import jobs, placement, reading, scheduling
 from gctl.api import binding, job, meta, node, pool, profile, queue
 from gctl.store import db, shared, store
 from tests.builders import make_job, put_ready_node, report_attempt
@@ -547,3 +547,82 @@ def test_a_job_waiting_only_for_gctl_jobs_is_not_decided_again_on_a_timer(
     _settle(database)
     assert _job(database, "second").status.phase == "Pending"
     assert _schedule(database) is None  # an exit wakes the controller; nothing else can help
+
+
+# -- the controller's pass: reads that hold no writer back on SQLite ----------------------------
+
+
+def _during_planning(monkeypatch: pytest.MonkeyPatch, act: Any) -> list[str]:
+    """Run `act` once, in the middle of the next pass's planning; returns what it did."""
+    done: list[str] = []
+    real = scheduling.placement.plan
+
+    def plan(*args: Any, **kwargs: Any) -> placement.Plan:
+        if not done:
+            done.append("acting")  # once: `act` may run a pass of its own
+            done[0] = act()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scheduling.placement, "plan", plan)
+    return done
+
+
+def test_a_write_commits_while_a_pass_plans_and_the_pass_still_binds(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("first").build())
+
+    def apply_one() -> str:  # SQLite: the pass holds no lock yet; PostgreSQL never blocks it
+        with database.write() as session:
+            store.Store(session).create(make_job("applied").build())
+        return "applied"
+
+    done = _during_planning(monkeypatch, apply_one)
+    due, revision = scheduling.run(database, T0, UNLIMITED)
+    assert done == ["applied"]
+    assert revision is not None
+    assert _binding(database, "first-1").spec.gpus == [0]
+    assert due is None
+
+
+def test_a_pass_that_raced_another_plans_again_and_overbooks_nothing(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Job the pass did not read is bound by another pass (a second controller) while it
+    plans: its plan, which no CAS contradicts, must not bind a second Job to the same GPU."""
+    if database.dialect != "sqlite":
+        pytest.skip("on PostgreSQL passes take an advisory lock: the second would wait")
+    with database.write() as session:
+        writer = store.Store(session)
+        _without_binding_ahead(writer)
+        _node(writer, "n1", 1)
+        writer.create(make_job("late").build())
+
+    def another_pass() -> str:
+        with database.write() as session:
+            store.Store(session).create(make_job("urgent").priority(10).build())
+        _schedule(database)
+        return "bound"
+
+    done = _during_planning(monkeypatch, another_pass)
+    scheduling.run(database, T0, UNLIMITED)
+    assert done == ["bound"]
+    with database.read() as session:
+        attempts = store.Store(session).active_bindings()
+    assert [b.spec.job_name for b in attempts] == ["urgent"]
+    assert _waiting(_job(database, "late"))[0] == "Unschedulable"
+
+
+def test_a_pass_raced_every_time_takes_the_lock_and_still_binds(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("first").build())
+    monkeypatch.setattr(store.Store, "changed_since", lambda _self, _revision, _changes: True)
+    scheduling.run(database, T0, UNLIMITED)
+    assert _binding(database, "first-1").spec.gpus == [0]
