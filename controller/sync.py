@@ -6,8 +6,9 @@ and field. Otherwise everything is applied, and members gone from the directory 
 in one transaction. A pass that puts back a member someone changed or deleted by hand records
 an Event `DriftReverted` on the member and on the set.
 
-`Syncer.run` keeps passing: on every save in the directory (watchfiles, debounced) and on every
-change to a member that did not come from this sync (the change feed).
+`Syncer.run` keeps passing: on every save in the directory (watchfiles, debounced; `dirwatch`
+follows the directory when it is deleted and made again) and on every change to a member that
+did not come from this sync (the change feed).
 """
 
 import logging
@@ -19,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from controller import dirwatch
 from gctl.api import applyset, errors, kinds, manifest, meta
 from gctl.store import applying, applysets, db, feed, store
 
@@ -27,8 +29,6 @@ Key = applying.Key
 Fingerprint = tuple[str, str, str]
 SOURCE = "gctl-sync"  # the From of the Events a sync records
 DELETED_BY_HAND = "deleted by hand"
-# watchfiles logs every change it sees at INFO; the sync says what it did instead.
-logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -260,23 +260,22 @@ class Syncer:
             thread.join(timeout=5)
 
     def _watch_files(self, wakeups: "queue.Queue[str]", stop: threading.Event) -> None:
-        import watchfiles
-
         directory = self.options.directory
         while not stop.is_set():
             try:
-                for _ in watchfiles.watch(
+                for what in dirwatch.changes(
                     directory,
-                    watch_filter=_manifest_filter(directory),
-                    debounce=self.options.debounce_ms,
-                    stop_event=stop,
-                    raise_interrupt=False,
+                    _manifest_filter(directory),
+                    stop,
+                    debounce_ms=self.options.debounce_ms,
                 ):
+                    if what == dirwatch.BACK:
+                        log.info("%s is back; following it again", directory)
                     wakeups.put("files")
-            except (OSError, RuntimeError) as exc:  # the directory went away: retry, then pass
+            except (OSError, RuntimeError) as exc:  # the watcher failed: start it again, then pass
                 log.warning("watching %s: %s", directory, exc)
-                wakeups.put("files")
                 stop.wait(2.0)
+                wakeups.put("files")
 
     def _watch_feed(self, since: int, wakeups: "queue.Queue[str]", stop: threading.Event) -> None:
         while not stop.is_set():
@@ -296,10 +295,10 @@ def _written(writer: store.Store, _obj: Any) -> int | None:
     return writer.written_revision
 
 
-def _manifest_filter(directory: Path) -> Callable[[Any, str], bool]:
+def _manifest_filter(directory: Path) -> Callable[[str], bool]:
     """Changes to manifest files under `directory`, not in hidden files or directories."""
 
-    def wanted(_change: Any, path: str) -> bool:
+    def wanted(path: str) -> bool:
         try:
             parts = Path(path).relative_to(directory).parts
         except ValueError:

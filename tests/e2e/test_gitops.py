@@ -3,6 +3,7 @@ real directory whose files the test adds, edits, breaks and deletes, with `gctl 
 Jobs on fake GPUs. Every command is the real console script; waits poll with a deadline.
 """
 
+import shutil
 import signal
 import subprocess
 import time
@@ -255,6 +256,39 @@ def test_sync_watch_follows_the_directory(
         out.wait_for(lambda line: line == "job.gctl/train pruned", WAIT)
         wait_for(lambda: "train" not in jobs(database), "train to be stopped and gone")
     assert sorted(m["name"] for m in the_set(database)["status"]["members"]) == ["keep"]
+
+
+def test_sync_watch_follows_a_directory_deleted_and_recreated(
+    gctl: Gctl, database: db.Database, tmp_path: Path
+) -> None:
+    """A CI re-clone or `rm -rf` + `cp`: the directory's inode is gone, its name comes back
+    (often with the same inode number), and the watcher follows the new one; the same when the
+    directory's parent goes and comes back."""
+    clone = tmp_path / "clone"
+    exp = clone / "exp"
+    exp.mkdir(parents=True)
+    write_job(exp, "train", "sleep", "60", priority=9)
+    saved = tmp_path / "saved"
+    with process(gctl, "sync", str(exp), "--watch") as (out, err):
+        out.wait_for(lambda line: line == "job.gctl/train created", WAIT)
+        shutil.copytree(exp, saved)
+        shutil.rmtree(exp)
+        line = err.wait_for(lambda line: line.startswith("error: "), WAIT)
+        assert f"{exp}: no such file or directory; the last good state stays" in line
+        shutil.copytree(saved, exp)
+        write_job(exp, "train", "sleep", "60", priority=10)
+        out.wait_for(lambda line: line == "job.gctl/train configured", WAIT)
+        assert jobs(database)["train"]["spec"]["priority"] == 10
+        assert wait_for(lambda: synced(database)["status"] == "True", "synced again")
+
+        # The parent goes too, and comes back a level at a time, as `git clone` makes it.
+        shutil.rmtree(clone)
+        err.wait_for(lambda line: line.startswith("error: "), WAIT)
+        clone.mkdir()
+        shutil.copytree(saved, exp)
+        write_job(exp, "train", "sleep", "60", priority=11)
+        out.wait_for(lambda line: line == "job.gctl/train configured", WAIT)
+        assert jobs(database)["train"]["spec"]["priority"] == 11
 
 
 def test_sync_rerun_on_change(
