@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller import jobs, nodes, scheduling, sweeps
-from gctl.api import binding, errors, job, meta, node, sweep
+from gctl.api import binding, errors, failures, job, meta, node, sweep
 from gctl.store import db, events, feed, store
 
 log = logging.getLogger("gctl.controller")
@@ -64,6 +64,7 @@ class Controller:
         self.node_timeout = node_timeout
         self.backoff_base = backoff_base
         self.clock = clock
+        self._failures = failures.FailureLog(log)
         self._changes: queue.Queue[list[store.Change] | None] = queue.Queue()
         self._timers: list[tuple[datetime, Key]] = []
         self._seen: nodes.Seen = {}
@@ -281,8 +282,8 @@ class Controller:
         """Run one step; an error is logged and reported as None, never raised."""
         try:
             result = step()
-        except Exception:
-            log.exception("%s failed; retrying", "/".join(p for p in key if p))
+        except Exception as exc:
+            self._failures.failed("/".join(p for p in key if p), exc)
             return None
         return True if result is None else result
 

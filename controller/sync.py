@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from controller import dirwatch
-from gctl.api import applyset, errors, kinds, manifest, meta
+from gctl.api import applyset, errors, failures, kinds, manifest, meta
 from gctl.store import applying, applysets, db, feed, store
 
 log = logging.getLogger("gctl.sync")
@@ -77,6 +77,7 @@ class Syncer:
         self._stored: dict[Key, Fingerprint] = {}
         self._own: set[int] = set()  # revisions this sync wrote
         self._lock = threading.Lock()
+        self._failures = failures.FailureLog(log)
 
     # -- one pass -------------------------------------------------------------------------------
 
@@ -253,7 +254,7 @@ class Syncer:
             try:
                 self.sync_once()
             except Exception as exc:  # the database went away: the loop must not die
-                log.warning("sync of %s failed (%s); retrying", self.options.directory, exc)
+                self._failures.failed(f"sync of {self.options.directory}", exc)
                 stop.wait(1.0)
                 wakeups.put("retry")
         for thread in threads:

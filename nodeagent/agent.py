@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gctl.api import binding, errors, job, meta, node
+from gctl.api import binding, errors, failures, job, meta, node
 from gctl.store import db, events, feed, notify, store
 from nodeagent import gpus as gpu_backends
 from nodeagent import heartbeat, launches, logserver, reports, runtime, supervisor
@@ -69,6 +69,7 @@ class Agent:
             node_name, grace_seconds, self.lease if fence_seconds else None, fence_seconds
         )
         self.clock = clock
+        self._failures = failures.FailureLog(log)
         self.wake = threading.Event()
         self._reports: list[binding.Binding] = []  # statuses a sync pass will write
         self._events: list[events.Occurrence] = []  # and the Events that go with them
@@ -495,8 +496,8 @@ class Agent:
                 if now >= next_beat:
                     self.heartbeat()
                     next_beat = now + self.heartbeat_seconds
-            except Exception:  # the loop never dies: log, and try again shortly
-                log.exception("agent pass failed; retrying")
+            except Exception as exc:  # the loop never dies: log, and try again shortly
+                self._failures.failed("agent pass", exc)
                 stop.wait(1.0)
                 continue
             self.wake.wait(max(0.0, next_beat - _monotonic()))

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import gctl
-from gctl.api import binding, errors, job, meta, node, quantity
+from gctl.api import binding, errors, failures, job, meta, node, quantity
 from gctl.store import db, feed, store
 
 log = logging.getLogger("gctl.agent")
@@ -139,6 +139,7 @@ class VirtualAgent:
         self.heartbeat_seconds = heartbeat_seconds
         self.time_scale = time_scale
         self.clock = clock
+        self._failures = failures.FailureLog(log)
         self.monotonic = monotonic
         self.pid = os.getpid()
         self.wake = threading.Event()
@@ -454,8 +455,8 @@ class VirtualAgent:
                 if self.monotonic() >= next_beat:
                     self.heartbeat()
                     next_beat = self.monotonic() + self.heartbeat_seconds
-            except Exception:  # the loop never dies: log, read everything again shortly
-                log.exception("virtual agent pass failed; retrying")
+            except Exception as exc:  # the loop never dies: log, read everything again shortly
+                self._failures.failed("virtual agent pass", exc)
                 self.resync()
                 stop.wait(1.0)
                 continue
