@@ -150,6 +150,8 @@ def plan(
             actions.append(Action("configured", m.source, desired, existing))
         elif force:
             actions.append(Action("replaced", m.source, desired, existing))
+        elif existing.metadata.deletion_timestamp is not None:
+            raise _being_deleted(m, existing, frozen)
         elif _policy(desired, set_policy) == applyset.RERUN:
             actions.append(
                 _rerun(
@@ -168,6 +170,16 @@ def plan(
                 "and recreate it, or set spec.onSpecChange: Rerun to stop it and run the new spec"
             )
     return actions
+
+
+def _being_deleted(m: manifest.Manifest, existing: meta.Resource, frozen: str) -> errors.Forbidden:
+    """A change that only a new Job can take, to a Job on its way out (Terminating): neither
+    the change nor a rerun would outlive it."""
+    return errors.Forbidden(
+        f'{m.source} ({existing.KIND} "{existing.name}"): {frozen}: cannot change a Job that '
+        "is being deleted (object is being deleted; its process may still be stopping); wait "
+        "for it to be gone and apply again, or apply with --force to replace it once it is gone"
+    )
 
 
 def prune(members: Iterable[meta.Resource], manifests: Sequence[manifest.Manifest]) -> list[Action]:

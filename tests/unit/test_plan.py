@@ -89,3 +89,23 @@ def test_foreign_uid_in_manifest_is_a_conflict() -> None:
     desired.metadata.uid = "someone-else"
     with pytest.raises(errors.Conflict, match="deleted and recreated"):
         _plan(desired, stored)
+
+
+@pytest.mark.parametrize("policy", [None, "Rerun"])
+def test_a_job_being_deleted_refuses_a_change_only_a_new_job_can_take(policy: str | None) -> None:
+    stored = _stored(make_job("a").build(), "Running")
+    stored.metadata.deletion_timestamp = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+    desired = make_job("a").command("python", "other.py").build()
+    desired.spec.on_spec_change = policy  # type: ignore[assignment]
+    with pytest.raises(errors.Forbidden) as caught:
+        _plan(desired, stored)
+    message = str(caught.value)
+    assert (
+        "spec.command: cannot change a Job that is being deleted (object is being deleted"
+        in message
+    )
+    assert "wait for it to be gone and apply again, or apply with --force" in message
+    assert "started Job" not in message
+    assert _plan(make_job("a").command("python", "other.py").build(), stored, force=True).verb == (
+        "replaced"
+    )
