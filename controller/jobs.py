@@ -102,7 +102,7 @@ def _reconcile(
             _requeue(
                 writer,
                 j,
-                "AttemptLost",
+                job.REASON_ATTEMPT_LOST,
                 f"attempt {j.status.attempts} disappeared; retrying",
                 now,
             )
@@ -224,6 +224,26 @@ def _record_started(writer: store.Store, j: job.Job, attempt: binding.Binding) -
     )
 
 
+def _lost(attempt: binding.Binding) -> tuple[str, str]:
+    """The reason and message of a Job whose attempt was lost or fenced, saying only what the
+    attempt's status knows: its node was lost, or the attempt alone (the node is fine), or its
+    fence stopped it. Neither says where the retry runs: the scheduler decides, and it may be
+    the same node."""
+    number, where = attempt.spec.attempt, attempt.spec.node
+    if attempt.status.reason == binding.REASON_FENCED:
+        return job.REASON_ATTEMPT_FENCED, (
+            f"attempt {number} on {where} was stopped by its fence: the node's agent was "
+            "silent for longer than --fence-after; retrying"
+        )
+    if attempt.status.reason == binding.REASON_NODE_LOST:
+        lost, detail = f"attempt {number} was lost with node {where}", attempt.status.message
+    else:  # its agent found it gone
+        lost = f"attempt {number} on {where} was lost"
+        detail = attempt.status.message or "it ended without an exit record"
+    message = f"{lost}: {detail}; retrying" if detail else f"{lost}; retrying"
+    return job.REASON_ATTEMPT_LOST, message
+
+
 def _account(
     writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
 ) -> None:
@@ -241,16 +261,9 @@ def _account(
     # What ended the attempt is what the agent observed: a stop asked for after the process
     # had already exited on its own does not count (its status.reason says how it ended).
     stop = latest.status.reason if latest.spec.stop_reason else None
-    fenced = latest.status.reason == "Fenced"  # stopped because its agent went silent
+    fenced = latest.status.reason == binding.REASON_FENCED  # its agent went silent
     if latest.status.phase == "Lost" or fenced:
-        _requeue(
-            writer,
-            j,
-            "AttemptLost",
-            f"attempt {latest.spec.attempt} was lost with node {latest.spec.node}; "
-            "retrying elsewhere",
-            now,
-        )
+        _requeue(writer, j, *_lost(latest), now)
     elif stop == binding.STOP_SUSPENDED:
         _requeue(writer, j, "Suspended", f"attempt {latest.spec.attempt} stopped: suspended", now)
     elif stop in job.REQUEUE_REASONS:

@@ -50,7 +50,7 @@ def _reconcile(
 ) -> datetime | None:
     if n is None:
         seen.pop(name, None)
-        _lose_attempts(writer, name, f"node {name} was deleted", now)
+        _lose_attempts(writer, name, "the node was deleted", now)
         return None
     heartbeat = n.status.heartbeat_time
     previous = seen.get(name)
@@ -66,7 +66,7 @@ def _reconcile(
     ):
         n = writer.update_status(n)
         writer.record_event(n, "NodeNotReady", message, type_="Warning", source=SOURCE)
-    _lose_attempts(writer, name, f"node {name}: {message}", now)
+    _lose_attempts(writer, name, message, now)
     return None
 
 
@@ -77,7 +77,7 @@ def _lose_attempts(writer: store.Store, name: str, message: str, now: datetime) 
         if binding.queued(attempt.spec, attempt.status):
             continue
         attempt.status.phase = "Lost"
-        attempt.status.reason = "NodeLost"
+        attempt.status.reason = binding.REASON_NODE_LOST
         attempt.status.message = message
         attempt.status.finish_time = now
         writer.update_status(attempt)

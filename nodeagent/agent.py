@@ -292,8 +292,8 @@ class Agent:
             return
         state = self._state(uid)
         if phase == "Lost":
-            # The controller gave up on this node and retried the Job elsewhere: whatever
-            # still runs here must end, so that the Job never runs twice.
+            # The controller gave up on this attempt and retried its Job: whatever still
+            # runs here must end, so that the Job never runs twice.
             if state.phase in ("running", "armed"):
                 log.warning("stopping %s: its attempt was declared lost", bound.name)
                 self.runtime.stop(uid, warn=False)

@@ -47,7 +47,7 @@ def status_after(
     elif state.phase == "lost":
         status.phase = "Lost"
         status.finish_time = now
-        status.reason = "Lost"
+        status.reason = binding.REASON_LOST
         status.message = state.message
     return status
 

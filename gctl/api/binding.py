@@ -24,6 +24,11 @@ STOP_EVICTED = "Evicted"  # `gctl drain --evict`
 STOP_GPU_MEMORY = "GPUMemoryExceeded"  # used more GPU memory than it declared (pool enforces)
 STOP_RERUN = "Rerun"  # `gctl rerun`: the Job starts again; not counted as a failure
 
+# Why an attempt ended without an outcome of its own (status.reason); none counts as a failure.
+REASON_NODE_LOST = "NodeLost"  # Lost: the controller gave up on its node (silent, or deleted)
+REASON_LOST = "Lost"  # Lost: its agent found it gone (its supervisor died without an exit)
+REASON_FENCED = "Fenced"  # Exited: its supervisor stopped it because its agent went silent
+
 # What the node saw of the Job's spec.successFile when the attempt exited (status.successFile).
 SUCCESS_FILE_FOUND: Final = "Found"  # written (created or modified) after the attempt started
 SUCCESS_FILE_MISSING: Final = "Missing"  # absent, or older than the attempt (a stale marker)

@@ -41,6 +41,8 @@ REASON_PROFILE_NOT_FOUND = "GPUProfileNotFound"
 REASON_POOL_NOT_FOUND = "GPUPoolNotFound"
 REASON_SUCCESS_FILE_MISSING = "SuccessFileMissing"  # spec.successFile not written by the attempt
 REASON_RERUN = "Rerun"
+REASON_ATTEMPT_LOST = "AttemptLost"  # lost with its node, or gone from it; retried
+REASON_ATTEMPT_FENCED = "AttemptFenced"  # stopped because its agent went silent; retried
 # Attempts that end for these reasons go back to the queue without spending backoffLimit.
 REQUEUE_REASONS: frozenset[str] = frozenset({REASON_PREEMPTED, REASON_EVICTED})
 

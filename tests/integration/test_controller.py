@@ -294,3 +294,89 @@ def test_a_ttl_stored_past_the_calendar_never_comes_due(database: db.Database) -
     finished = _get(database, job.Job, "kept")
     assert isinstance(finished, job.Job)
     assert (finished.status.phase, due) == ("Succeeded", None)
+
+
+def _job_told(database: db.Database, name: str) -> tuple[str, str]:
+    """The reason and message of the Job's latest event."""
+    with database.read() as session:
+        reader = store.Store(session)
+        told = reader.events_for(reader.get(job.Job, name, "default"))
+    return told[-1].spec.reason, told[-1].spec.message
+
+
+def _attempt_reported(
+    database: db.Database, name: str, phase: str, reason: str, message: str
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, name, "default")
+        attempt.status.phase = phase  # type: ignore[assignment]
+        attempt.status.reason = reason
+        attempt.status.message = message or None
+        attempt.status.exit_code = 143 if phase == "Exited" else None
+        writer.update_status(attempt)
+
+
+@pytest.mark.parametrize(
+    ("phase", "reason", "message", "told"),
+    [
+        pytest.param(
+            "Exited",
+            "Fenced",
+            "",
+            (
+                "AttemptFenced",
+                "attempt 1 on n1 was stopped by its fence: the node's agent was silent for "
+                "longer than --fence-after; retrying",
+            ),
+            id="fenced",
+        ),
+        pytest.param(
+            "Lost",
+            "Lost",
+            "the supervisor died without recording the exit",
+            (
+                "AttemptLost",
+                "attempt 1 on n1 was lost: the supervisor died without recording the exit; "
+                "retrying",
+            ),
+            id="gone-from-its-node",
+        ),
+    ],
+)
+def test_an_attempt_that_ended_on_a_live_node_is_not_called_lost_with_it(
+    database: db.Database, phase: str, reason: str, message: str, told: tuple[str, str]
+) -> None:
+    """QA's case: `gctl up` stopped for longer than --fence-after; its supervisors stopped
+    attempt 1 (the fence) and the Job ran again on the same node, while its event said the
+    attempt 'was lost with node n1; retrying elsewhere'. The node was never lost, and where the
+    retry runs is the scheduler's to say."""
+    _stored_on_n1(database, 1, make_job("fenced").build())
+    _schedule(database)
+    report_attempt(database, "fenced-1", "Running", T0)
+    _reconcile(database, "fenced")
+    _attempt_reported(database, "fenced-1", phase, reason, message)
+    _reconcile(database, "fenced")
+    assert _job_told(database, "fenced") == told
+    again = _get(database, job.Job, "fenced")
+    assert isinstance(again, job.Job)
+    assert (again.status.phase, again.status.failed, again.status.reason) == ("Pending", 0, told[0])
+
+
+def test_an_attempt_lost_with_its_node_says_why_and_not_where_it_runs_next(
+    database: db.Database,
+) -> None:
+    seen: nodes.Seen = {}
+    _stored_on_n1(database, 1, make_job("stranded").build())
+    _schedule(database)
+    report_attempt(database, "stranded-1", "Running", T0)
+    _reconcile(database, "stranded")
+    for now in (T0, T0 + timedelta(seconds=41)):
+        store.transact(
+            database, lambda w, now=now: nodes.reconcile(w, "n1", now, timedelta(seconds=40), seen)
+        )
+    _reconcile(database, "stranded", T0 + timedelta(seconds=41))
+    assert _job_told(database, "stranded") == (
+        "AttemptLost",
+        "attempt 1 was lost with node n1: no heartbeat for 41s; retrying",
+    )
