@@ -16,7 +16,6 @@ import heapq
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -295,7 +294,7 @@ class Controller:
             if self._timers:
                 timeout = max(0.0, (self._timers[0][0] - self.clock()).total_seconds())
             try:
-                # At most a second, so that a stop is noticed; a due timer sooner.
+                # At most a second, a due timer sooner; a stop wakes it through the follower.
                 wait_s = 1.0 if timeout is None else min(timeout, 1.0)
                 batch = self._changes.get(timeout=wait_s if block else 0.0)
                 batches = [batch]
@@ -329,6 +328,7 @@ class Controller:
                         delay = 0.5
             except Exception as exc:  # the database went away: keep trying, then resync
                 log.warning("change feed interrupted (%s); reconnecting in %.1fs", exc, delay)
-                time.sleep(delay)
+                stop.wait(delay)
                 delay = min(delay * 2, 10.0)
                 self._changes.put(None)
+        self._changes.put(None)  # stopping: wake the loop, which then sees the stop

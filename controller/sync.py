@@ -246,9 +246,11 @@ class Syncer:
         wakeups.put("start")
         while not stop.is_set():
             try:
-                wakeups.get(timeout=0.5)
+                wakeups.get(timeout=feed.RESYNC_SECONDS)  # the watchers wake it as they stop
             except queue.Empty:
                 continue
+            if stop.is_set():
+                break
             while not wakeups.empty():  # one pass for everything that came together
                 wakeups.get_nowait()
             try:
@@ -261,6 +263,12 @@ class Syncer:
             thread.join(timeout=5)
 
     def _watch_files(self, wakeups: "queue.Queue[str]", stop: threading.Event) -> None:
+        try:
+            self._follow_files(wakeups, stop)
+        finally:
+            wakeups.put("stop")  # wakes the loop, which then sees the stop
+
+    def _follow_files(self, wakeups: "queue.Queue[str]", stop: threading.Event) -> None:
         directory = self.options.directory
         while not stop.is_set():
             try:

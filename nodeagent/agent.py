@@ -518,7 +518,15 @@ class Agent:
                 self.wake.wait(0.1)
 
     def _follow_feed(self, since: int, stop: threading.Event) -> None:
-        """Wake the loop on writes to this node's Bindings; reconnect if the database goes."""
+        """Wake the loop on writes to this node's Bindings; reconnect if the database goes.
+        When `stop` is set it wakes the loop on its way out, so that the agent ends at once
+        rather than at its next heartbeat."""
+        try:
+            self._watch_feed(since, stop)
+        finally:
+            self.wake.set()
+
+    def _watch_feed(self, since: int, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 with feed.Watch(
@@ -558,6 +566,7 @@ class Agent:
                     self.wake.set()
         finally:
             bell.close()
+            self.wake.set()  # stopping: the loop too
 
 
 def span(gpus: set[int]) -> str:

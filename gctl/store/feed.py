@@ -8,6 +8,8 @@ sleep is never missed, because the wake-up was armed before the read. Idle, it u
 
 import contextlib
 import json
+import math
+import select
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -50,6 +52,18 @@ class _PostgresWaker:
         self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
     def wait(self, timeout: float) -> bool:
+        stop_fd = notify.stop_fd(self._stop)
+        if stop_fd is not None:  # a stop that select sees: no need to look at it in steps
+            poller = select.poll()
+            poller.register(self._conn.fileno(), select.POLLIN)
+            poller.register(stop_fd, select.POLLIN)
+            ready = poller.poll(math.ceil(timeout * 1000))
+            if not ready or any(fd == stop_fd for fd, _ in ready):
+                return False
+            # Readable: a notification, or something else the server sent (read and dropped).
+            for _ in self._conn.notifies(timeout=0, stop_after=1):
+                return True
+            return False
         step = 0.5 if self._stop is not None else timeout
         waited = 0.0
         while waited < timeout:
