@@ -24,7 +24,7 @@ from pathlib import Path
 from gctl.api import binding, errors, failures, job, meta, node
 from gctl.store import db, events, feed, notify, store
 from nodeagent import gpus as gpu_backends
-from nodeagent import heartbeat, launches, logserver, reports, runtime, supervisor
+from nodeagent import heartbeat, launches, logserver, ownership, reports, runtime, supervisor
 
 log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
@@ -57,6 +57,9 @@ class Agent:
         self.db = database
         self.name = node_name
         self.backend = backend
+        self.instance = ownership.new_instance(heartbeat_seconds, clock())
+        # Before anything touches the state directory: a second agent for it stops here.
+        self._state_lock = ownership.StateLock(state_dir, node_name, self.instance.id)
         self.runtime = runtime.Runtime(state_dir)
         self.labels = dict(labels or {})
         if backend.kind == "fake":
@@ -99,11 +102,35 @@ class Agent:
 
     # -- the Node ------------------------------------------------------------------------------
 
+    def claim(self) -> None:
+        """Make the Node this agent's: ownership.Taken (one line naming the other agent) if
+        another agent's heartbeat for it is fresh."""
+        predecessor = self._state_lock.predecessor
+        heartbeat.claim(self.db, self.name, self.instance, predecessor, self.clock())
+
     def heartbeat(self) -> None:
         """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready."""
         discovered = heartbeat.attribute(self.db, self.name, self.runtime, self.backend.discover())
-        heartbeat.beat(self.db, self.name, self.labels, discovered, self.clock())
+        heartbeat.beat(
+            self.db,
+            self.name,
+            self.labels,
+            discovered,
+            self.clock(),
+            instance=self.instance,
+            predecessor=self._state_lock.predecessor,
+        )
         self.lease.touch()  # only after the heartbeat is in the database
+
+    def close(self) -> None:
+        """Stop the runtime's helpers and let go of the Node and the state directory, so that
+        another agent may start for them at once; jobs keep running."""
+        self.runtime.close()
+        try:
+            heartbeat.release(self.db, self.name, self.instance)
+        except errors.GctlError as exc:  # the database is away: the heartbeat goes stale
+            log.warning("letting go of node %s: %s", self.name, exc)
+        self._state_lock.release()
 
     # -- the attempts --------------------------------------------------------------------------
 
@@ -471,7 +498,15 @@ class Agent:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Heartbeat and sync until `stop` is set; wakes on writes to Bindings and on exits."""
+        """Heartbeat and sync until `stop` is set; wakes on writes to Bindings and on exits.
+        Ends with ownership.Taken if another agent takes the Node meanwhile."""
+        try:
+            self._run(stop)
+        finally:
+            self.close()
+
+    def _run(self, stop: threading.Event) -> None:
+        self.claim()
         self._settle_lost()
         self.heartbeat()
         with self.db.read() as session:
@@ -496,6 +531,8 @@ class Agent:
                 if now >= next_beat:
                     self.heartbeat()
                     next_beat = now + self.heartbeat_seconds
+            except ownership.Taken:  # another agent acts for this node now: this one stops
+                raise
             except Exception as exc:  # the loop never dies: log, and try again shortly
                 self._failures.failed("agent pass", exc)
                 stop.wait(1.0)
@@ -503,7 +540,6 @@ class Agent:
             self.wake.wait(max(0.0, next_beat - _monotonic()))
         for thread in watchers:
             thread.join(timeout=5)
-        self.runtime.close()
 
     def _settle_lost(self) -> None:
         """Before offering its GPUs again, stop what still runs of attempts declared lost while

@@ -10,9 +10,47 @@ from datetime import datetime
 import gctl
 from gctl.api import binding, meta, node, quantity
 from gctl.store import db, store
-from nodeagent import runtime
+from nodeagent import ownership, runtime
 
 log = logging.getLogger("gctl.agent")
+
+
+def claim(
+    database: db.Database,
+    name: str,
+    instance: node.AgentInstance,
+    predecessor: str | None,
+    now: datetime,
+) -> None:
+    """Make the Node this agent's before it acts for it (`ownership`): ownership.Taken if
+    another agent's heartbeat is fresh, else its instance and heartbeat written (not Ready:
+    that waits for the first `beat`)."""
+
+    def work(writer: store.Store) -> None:
+        current = writer.find(node.Node, name)
+        why = ownership.rival(current, instance, predecessor, now)
+        if why is not None:
+            raise ownership.Taken(why)
+        if current is not None:
+            current.status.agent_instance = instance
+            current.status.heartbeat_time = now
+            writer.update_status(current)
+
+    store.transact(database, work)
+
+
+def release(database: db.Database, name: str, instance: node.AgentInstance) -> None:
+    """An agent that stops lets go of its Node, so that another may start for it at once
+    (its heartbeat stays: the controller still judges the node by it)."""
+
+    def work(writer: store.Store) -> None:
+        current = writer.find(node.Node, name)
+        theirs = current.status.agent_instance if current is not None else None
+        if current is not None and theirs is not None and theirs.id == instance.id:
+            current.status.agent_instance = None
+            writer.update_status(current)
+
+    store.transact(database, work)
 
 
 def beat(
@@ -21,11 +59,19 @@ def beat(
     labels: dict[str, str],
     discovered: list[node.GPUInfo],
     now: datetime,
+    *,
+    instance: node.AgentInstance | None = None,
+    predecessor: str | None = None,
 ) -> None:
-    """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready."""
+    """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready. With the
+    agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile."""
 
     def work(writer: store.Store) -> None:
         current = writer.find(node.Node, name)
+        if instance is not None:
+            why = ownership.rival(current, instance, predecessor, now)
+            if why is not None:
+                raise ownership.Taken(why)
         if current is None:
             current = writer.create(node.Node(metadata=meta.ObjectMeta(name=name, labels=labels)))
             writer.record_event(
@@ -39,6 +85,7 @@ def beat(
         status.heartbeat_time = now
         status.hostname = socket.gethostname()
         status.agent_version = gctl.__version__
+        status.agent_instance = instance or status.agent_instance
         meta.set_condition(
             status.conditions, "Ready", "True", "AgentReady", "the agent is heartbeating", now=now
         )

@@ -57,12 +57,24 @@ class NodeSpec(meta.Model):
         return None
 
 
+class AgentInstance(meta.Model):
+    """The agent process that heartbeats a Node: one at a time, as one kubelet per node. A
+    second agent for the node refuses to start while this one's heartbeat is fresh."""
+
+    id: str  # random, new at every start
+    hostname: str
+    pid: int
+    started: datetime
+    heartbeat_seconds: float  # how often it heartbeats: how soon its silence means it is gone
+
+
 class NodeStatus(meta.Model):
     observed_generation: int | None = None
     conditions: list[meta.Condition] = Field(default_factory=list)
     heartbeat_time: datetime | None = None
     hostname: str | None = None
     agent_version: str | None = None
+    agent_instance: AgentInstance | None = None
     gpus: list[GPUInfo] = Field(default_factory=list)
 
 

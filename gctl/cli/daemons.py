@@ -109,6 +109,7 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
         grace_seconds=options.grace_seconds,
         fence_seconds=options.fence_seconds,
     )
+    the_agent.claim()  # a second agent for the node stops here, in one line
     logging.getLogger("gctl.agent").info("node %s: %s; state in %s", node_name, how, state_dir)
     return the_agent.run
 

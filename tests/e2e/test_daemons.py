@@ -63,3 +63,72 @@ def test_up_shuts_down_at_once_and_says_so_leaving_its_jobs_running(
             process.wait(10)
         if pid is not None:
             os.killpg(pid, signal.SIGKILL)
+
+
+def _agent(gctl: Gctl, state: Path, log: Path) -> "subprocess.Popen[bytes]":
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [
+                *(GCTL_BIN, "agent", "run", "--node-name", "nb", "--fake-gpus", "1"),
+                *("--state-dir", str(state), "--heartbeat", "0.5"),
+            ],
+            stdout=out,
+            stderr=out,
+            env=gctl.env(),
+        )
+
+
+def _instance_pid(gctl: Gctl) -> int | None:
+    found = gctl("get", "node", "nb", "-o", "json")
+    if found.code != 0:
+        return None
+    instance = json.loads(found.out)["status"].get("agentInstance")
+    return None if instance is None else int(instance["pid"])
+
+
+def test_a_second_agent_for_a_node_refuses_to_start_and_a_crashed_one_never_blocks(
+    gctl: Gctl, tmp_path: Path
+) -> None:
+    """QA's case: two `gctl agent run --node-name nb` on the same state directory both ran.
+    The second now exits 1 in one line; so does one with another state directory (another
+    host) while the first heartbeats, and `gctl up` too. The first killed with SIGKILL, an
+    agent on its state directory starts at once."""
+    here, there = tmp_path / "state", tmp_path / "elsewhere"
+    running = [_agent(gctl, here, tmp_path / "first.log")]
+    try:
+        first = running[0]
+        wait_for(lambda: "Ready" in gctl.ok("get", "nodes"), "the first agent to heartbeat")
+        refusals = {
+            "same state directory": (
+                ("agent", "run", "--node-name", "nb", "--fake-gpus", "1", "--state-dir", here),
+                f"error: node nb: another agent (pid {first.pid}) is running with state "
+                f"directory {here}; stop it first (one agent per node)",
+            ),
+            "another host": (
+                ("agent", "run", "--node-name", "nb", "--fake-gpus", "1", "--state-dir", there),
+                "error: node nb: another agent is running for it, on host ",
+            ),
+            "gctl up": (
+                ("up", "--node-name", "nb", "--fake-gpus", "1", "--state-dir", there),
+                "error: node nb: another agent is running for it, on host ",
+            ),
+        }
+        for what, (argv, error) in refusals.items():
+            refused = gctl(*map(str, argv), timeout=30)
+            last = refused.err.strip().splitlines()[-1]
+            assert refused.code == 1, f"{what}: {refused.err}"
+            assert last.startswith(error), f"{what}: {refused.err}"
+            assert "fake GPU" not in refused.err, what  # refused before it starts
+            assert "Traceback" not in refused.err, what
+        assert f"(pid {first.pid}), last heartbeat " in last
+        first.kill()
+        first.wait(10)
+        restarted = _agent(gctl, here, tmp_path / "restarted.log")
+        running.append(restarted)
+        wait_for(lambda: _instance_pid(gctl) == restarted.pid, "the restarted agent to start")
+        assert restarted.poll() is None
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(10)
