@@ -123,3 +123,21 @@ def test_missing_when_it_starts(tmp_path: Path) -> None:
         assert watching.next() == dirwatch.BACK
     finally:
         watching.close()
+
+
+def test_a_directory_made_again_file_by_file_comes_back_whole(
+    exp: Path, followed: Followed, tmp_path: Path
+) -> None:
+    """A pass over half a directory would prune the other half: BACK waits until it has been
+    quiet for SETTLE_MS."""
+    shutil.rmtree(exp)
+    assert followed.until(dirwatch.GONE)[-1] == dirwatch.GONE
+    exp.mkdir()
+    gap = dirwatch.SETTLE_MS / 1000 / 4
+    for index in range(8):  # a slow copy: two seconds and more in all, never quiet for long
+        (exp / f"j{index}.yaml").write_text(f"j: {index}\n")
+        time.sleep(gap)
+    written = time.monotonic()
+    assert followed.next() == dirwatch.BACK
+    assert time.monotonic() - written >= dirwatch.SETTLE_MS / 1000 - 2 * gap
+    assert followed.seen.empty()
