@@ -141,10 +141,14 @@ class Agent:
         phase Starting), one whose predecessors still run is armed (Armed); either is written
         with the pass's reports, so a move by the scheduler and the take cannot both succeed,
         and started, or its supervisor started, as soon as that write commits."""
+        skipped: list[errors.StoredInvalid] = []
         with self.db.read() as session:
-            bindings = store.Store(session).active_bindings(self.name, _SYNCED_PHASES)
+            reader = store.Store(session)
+            bindings = reader.active_bindings(self.name, _SYNCED_PHASES, skipped=skipped)
+        for invalid in skipped:  # left alone, its attempt too: said once a minute
+            self._failures.failed(f"binding {invalid.key[2]}", invalid)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
-        bound_uids = {b.metadata.uid for b in bindings}
+        bound_uids = {b.metadata.uid for b in bindings} | {i.uid for i in skipped}
         self._bindings = bindings
         self._reports = []
         self._events = []
@@ -525,28 +529,37 @@ class Agent:
         next_beat = 0.0
         while not stop.is_set():
             self.wake.clear()
-            try:
-                self.sync()
-                now = _monotonic()
-                if now >= next_beat:
-                    self.heartbeat()
-                    next_beat = now + self.heartbeat_seconds
-            except ownership.Taken:  # another agent acts for this node now: this one stops
-                raise
-            except Exception as exc:  # the loop never dies: log, and try again shortly
-                self._failures.failed("agent pass", exc)
-                stop.wait(1.0)
+            synced = self._guarded("agent pass", self.sync)
+            # Beats even when a pass fails (a Binding that no longer validates, say): the node
+            # and its running jobs are fine, and a silent node would have them declared lost.
+            now = _monotonic()
+            if now >= next_beat and self._guarded("heartbeat", self.heartbeat):
+                next_beat = now + self.heartbeat_seconds
+            if not synced:
+                stop.wait(1.0)  # try again shortly
                 continue
             self.wake.wait(max(0.0, next_beat - _monotonic()))
         for thread in watchers:
             thread.join(timeout=5)
+
+    def _guarded(self, what: str, step: Callable[[], object]) -> bool:
+        """Run one step of the loop, which never dies: a failure is logged (once a minute for
+        a repeat) and False returned; another agent taking the Node ends the loop."""
+        try:
+            step()
+        except ownership.Taken:  # another agent acts for this node now: this one stops
+            raise
+        except Exception as exc:
+            self._failures.failed(what, exc)
+            return False
+        return True
 
     def _settle_lost(self) -> None:
         """Before offering its GPUs again, stop what still runs of attempts declared lost while
         this agent was away, and wait for them to end, so no GPU is used twice."""
         self.sync()
         with self.db.read() as session:
-            lost = store.Store(session).active_bindings(self.name, frozenset({"Lost"}))
+            lost = store.Store(session).active_bindings(self.name, frozenset({"Lost"}), skipped=[])
         deadline = _monotonic() + self.grace_seconds + 5
         for attempt in lost:
             uid = attempt.metadata.uid or ""

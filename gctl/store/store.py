@@ -325,15 +325,27 @@ class Store:
         return sorted(found, key=lambda b: b.spec.attempt)
 
     def active_bindings(
-        self, node_name: str | None = None, phases: frozenset[str] = binding.ACTIVE_PHASES
+        self,
+        node_name: str | None = None,
+        phases: frozenset[str] = binding.ACTIVE_PHASES,
+        *,
+        skipped: list[errors.StoredInvalid] | None = None,
     ) -> list[binding.Binding]:
-        """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases."""
+        """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases.
+        One that no longer validates raises StoredInvalid, or with `skipped` goes there."""
         table = _table(binding.Binding.KIND)
         query = select(*tables.readable(table)).where(table.c.phase.in_(sorted(phases)))
         if node_name is not None:
             query = query.where(table.c.node == node_name)
-        rows = self.execute(query).all()
-        return [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
+        found = []
+        for row in self.execute(query).all():
+            try:
+                found.append(stored.validated(binding.Binding, row_to_wire(binding.Binding, row)))
+            except errors.StoredInvalid as exc:
+                if skipped is None:
+                    raise
+                skipped.append(exc)
+        return found
 
     def changed_since(self, revision: int, changes: Sequence[tuple[str, str]]) -> bool:
         """Whether, after `revision`, an object of one of these (kind, change type) pairs was
