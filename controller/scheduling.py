@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 
 from controller import diagnosis, jobs, placement, reading
 from gctl.api import binding, errors, job, meta, queue
-from gctl.store import bulk, db, store
+from gctl.store import bulk, db, store, stored
 
 SOURCE = "controller/scheduler"
 # Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
@@ -273,7 +273,7 @@ def _apply(
         if len(batch) >= BATCH or _waits_for(d, batch):
             _bind(writer, batch, pools, created, now)
             batch = []
-        batch.append((d, job.Job.model_validate(by_key[(d.request.namespace, d.request.name)])))
+        batch.append((d, stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])))
     _bind(writer, batch, pools, created, now)
     if late:
         return
@@ -409,7 +409,7 @@ def _waits_again(
 ) -> None:
     queued = d.request.queued
     assert queued is not None
-    j = job.Job.model_validate(by_key[(d.request.namespace, d.request.name)])
+    j = stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])
     status = j.status
     gpus = ",".join(str(g) for g in queued.gpus)
     message = (
@@ -585,13 +585,13 @@ def _preempt(
                     gpus = ",".join(str(g) for g in victim.gpus)
                     said.append(
                         (
-                            job.Job.model_validate(owner),
+                            stored.validated(job.Job, owner),
                             job.REASON_PREEMPTED,
                             f"preempted by {who} (priority {d.request.priority}) to free GPUs "
                             f"[{gpus}] on {victim.node}",
                         )
                     )
-            preemptor = job.Job.model_validate(by_key[(d.request.namespace, d.request.name)])
+            preemptor = stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])
             said.append((preemptor, "Preempting", d.message))
         with writer.batched():
             for involved, reason, message in said:
@@ -625,7 +625,7 @@ def _report(
         return
     if not budget.take():
         return  # the next pass writes it
-    j = job.Job.model_validate(w)
+    j = stored.validated(job.Job, w)
     status = j.status
     meta.set_condition(
         status.conditions,
@@ -690,7 +690,7 @@ def _forget_queue(writer: store.Store, held: Iterable[Wire], budget: _Budget) ->
                 continue
             if not budget.take():
                 return
-            j = job.Job.model_validate(w)
+            j = stored.validated(job.Job, w)
             j.status.estimated_start_time = None
             writer.update_status(j)
 
