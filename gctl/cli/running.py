@@ -293,8 +293,6 @@ def _attach(
 ) -> int:
     """Stream each attempt's output as it starts, from this machine or through its node's
     agent; return the exit code the Job ends with."""
-    from gctl.cli import nodelogs
-
     stop = threading.Event()
     shown = 0
     try:
@@ -309,7 +307,7 @@ def _attach(
                         following.show(
                             database, step.attempt, view.revision, True, stop, from_node=from_node
                         )
-                    except nodelogs.NotAnswering as exc:
+                    except errors.GctlError as exc:  # its node's agent: silent, lost, refused
                         _unanswered(exc)
                 shown = step.attempt.spec.attempt
     except following.Interrupted:
@@ -317,8 +315,10 @@ def _attach(
 
 
 def _unanswered(exc: Exception) -> None:
-    """An attempt whose node does not answer for its output: the wait goes on (Ctrl-C still
-    deletes the Job), and the command still ends with the Job's exit code."""
+    """An attempt whose output could not be had (its node does not answer, the attempt was
+    lost, the request was refused or dropped): the wait goes on for the next attempt or the
+    Job's end (Ctrl-C still deletes the Job), and the command still ends with the Job's exit
+    code."""
     print(f"{exc}; waiting for the job to end", file=sys.stderr, flush=True)
 
 
