@@ -5,8 +5,9 @@ with `--from-node`): the requester's half of gctl.store.logstreams.
 order, and takes them (which moves the agent's window on), until the agent says it sent
 everything; a thread renews the request's lease meanwhile. An agent that has not taken the
 request within `ANSWER_SECONDS` is not answering: down, or too old to know requests; one that
-stops sending a followed log is given up once its attempt is declared lost. Whatever way
-`show` ends, it deletes its request.
+sends nothing for a lease's length is given up once its attempt is declared lost or its own
+heartbeat has stopped (a quiet job's agent heartbeats on). Whatever way `show` ends, it
+deletes its request.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ ANSWER_SECONDS = 5.0  # for the node's agent to take a request
 LEASE_SECONDS = 10.0  # the agent drops a request not renewed for this long
 RENEW_SECONDS = LEASE_SECONDS / 4
 READ_BYTES = 4 << 20  # chunks read at once, at most about this many bytes
+# An agent whose heartbeat has not moved for this many of its beats (and at least this long)
+# is gone: the rule by which a second agent may take its node over (nodeagent.ownership).
+SILENT_AFTER_BEATS = 3
+SILENT_MIN_SECONDS = 10.0
 
 
 class NotAnswering(errors.Unavailable):
@@ -86,12 +91,17 @@ def _print(
     node = attempt.spec.node
     where = f"attempt {attempt.spec.attempt} of job {attempt.spec.job_name}"
     answer_by = time.monotonic() + ANSWER_SECONDS
+    agent = _Agent(database, node)
+    heard: tuple[str, int] | None = None  # the request's state and bytes sent, last seen
+    heard_at = time.monotonic()  # when they last moved
     position = 0
     while True:
         with database.read() as session:
             request, chunks = logstreams.read(session, request_id, position, READ_BYTES)
         if request is None:
             raise errors.Unavailable(f"node {node} dropped the request for the log of {where}")
+        if (request.state, request.sent) != heard:
+            heard, heard_at = (request.state, request.sent), time.monotonic()
         for chunk in chunks:
             if chunk.position != position:  # never: the agent appends in order
                 raise errors.Unavailable(
@@ -121,10 +131,24 @@ def _print(
                     "there, and as new as this gctl?)"
                 )
             waker.wait(left)
-        elif not waker.wait(LEASE_SECONDS) and _lost(database, attempt):
+            continue
+        # Silence is measured on a deadline, not by the wake-up timing out: on SQLite the
+        # wake-up is every log's doorbell, which this reader's own renewals ring.
+        quiet = time.monotonic() - heard_at
+        if quiet < LEASE_SECONDS:
+            waker.wait(LEASE_SECONDS - quiet)
+            continue
+        if _lost(database, attempt):
             raise errors.Unavailable(
                 f"node {node} stopped sending the log of {where}: the attempt was lost"
             )
+        silent = agent.silent_for()
+        if silent is not None:
+            raise NotAnswering(
+                f"node {node} is not answering: its agent stopped sending the log of {where} "
+                f"and has not heartbeated for {silent:.0f}s"
+            )
+        waker.wait(RENEW_SECONDS)  # a quiet job, say: look again in a while
 
 
 def _lost(database: db.Database, attempt: binding.Binding) -> bool:
@@ -140,6 +164,37 @@ def _lost(database: db.Database, attempt: binding.Binding) -> bool:
         or found.metadata.uid != attempt.metadata.uid
         or (found.status.phase == "Lost")
     )
+
+
+class _Agent:
+    """Whether the node's agent has gone silent: its Node's heartbeat not moving for a few of
+    its beats, timed on this host's monotonic clock from when this reader saw it move (as the
+    controller judges nodes), so that hosts' clocks need not agree. It answers even when no
+    controller runs to declare the attempt lost (`gctl up` killed whole)."""
+
+    def __init__(self, database: db.Database, node: str) -> None:
+        self.database = database
+        self.node = node
+        self.beat: object = None
+        self.seen_at = time.monotonic()
+        self.silent_for()
+
+    def silent_for(self) -> float | None:
+        """Seconds since the heartbeat last moved, once that is past silence; else None."""
+        from gctl.api import node
+        from gctl.store import store
+
+        with self.database.read() as session:
+            found = store.Store(session).find(node.Node, self.node)
+        now = time.monotonic()
+        beat = found.status.heartbeat_time if found is not None else None
+        if beat != self.beat:
+            self.beat, self.seen_at = beat, now
+        instance = found.status.agent_instance if found is not None else None
+        every = instance.heartbeat_seconds if instance is not None else 0.0
+        allowed = max(SILENT_AFTER_BEATS * every, SILENT_MIN_SECONDS)
+        quiet = now - self.seen_at
+        return quiet if quiet >= allowed else None
 
 
 def _renew(database: db.Database, request_id: int, done: threading.Event) -> None:

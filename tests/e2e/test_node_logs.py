@@ -7,7 +7,9 @@ host sharing the state directory (NFS) needs, and it takes the same path as a lo
 directory is missing here. Jobs write with Python so that the bytes are exact.
 """
 
+import contextlib
 import hashlib
+import os
 import signal
 import subprocess
 import sys
@@ -219,3 +221,37 @@ def test_a_killed_follower_is_cleaned_up_by_the_agent(
 
     poll(lambda: _requests_left(database) == (0, 0), "the request to be dropped", timeout=30)
     assert running_attempt(database, "endless") is not None  # the job itself runs on
+
+
+def test_a_follower_whose_agent_is_killed_says_so_and_ends(
+    gctl: Gctl, agent_host: subprocess.Popen[bytes], database: db.Database
+) -> None:
+    """`gctl up` killed whole (no controller left to declare the attempt lost): the follower
+    sees the agent's heartbeat stop and ends in one line, though its own renewals ring the
+    logs' doorbell on SQLite all the while."""
+    gctl.ok("run", "--name", "orphan", "--", *_python(SLOW_PRINTER.format(n=450, every=0.1)))
+    attempt = poll(lambda: running_attempt(database, "orphan"), "orphan to run")
+    node = attempt.spec.node
+    follower = gctl.popen("logs", "orphan", "-f", "--from-node")
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "line 1\n"
+        agent_host.send_signal(signal.SIGKILL)
+        agent_host.wait(5)
+        began = time.monotonic()
+        _, err = follower.communicate(timeout=45)
+
+        assert time.monotonic() - began < 30
+        assert follower.returncode == 1, err
+        assert err.count("\n") == 1, err
+        assert err.startswith(
+            f"error: node {node} is not answering: its agent stopped sending the log of "
+            "attempt 1 of job orphan and has not heartbeated for "
+        ), err
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate(timeout=5)
+        if attempt.status.pid is not None:  # the job outlives its agent, as it should
+            with contextlib.suppress(OSError):
+                os.killpg(attempt.status.pid, signal.SIGKILL)
