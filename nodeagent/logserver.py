@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from gctl.api import errors
+from gctl.api import errors, failures
 from gctl.store import db, feed, logstreams, notify
 
 log = logging.getLogger("gctl.agent")
@@ -29,6 +29,9 @@ WINDOW_BYTES = 16 * CHUNK_BYTES  # sent and not yet taken by the requester, at m
 # A followed log that grows wakes the loop this long after it first grew: a job printing a
 # line at a time is sent in chunks, not a write of the database per line.
 GATHER_SECONDS = 0.05
+# A request whose step failed (the database refusing writes, say) is tried again after this
+# long, not at once: a failure that repeats must not spin the loop.
+RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -67,6 +70,7 @@ class LogServer:
         self.clock = clock
         self.wake = threading.Event()
         self._streams: dict[int, _Stream] = {}
+        self._failures = failures.FailureLog(log, clock=clock)
 
     def run(self, stop: threading.Event) -> None:
         """Serve until `stop` is set."""
@@ -82,9 +86,9 @@ class LogServer:
                 self.wake.clear()
                 try:
                     wait = self.serve()
-                except Exception:  # the loop never dies: log, and try again shortly
-                    log.exception("serving logs failed; retrying")
-                    wait = 1.0
+                except Exception as exc:  # the loop never dies: log, and try again shortly
+                    self._failures.failed("serving logs", exc)
+                    wait = RETRY_SECONDS
                 self.wake.wait(feed.RESYNC_SECONDS if wait is None else wait)
         finally:
             for thread in wakers:
@@ -134,8 +138,8 @@ class LogServer:
     # -- one pass ------------------------------------------------------------------------------
 
     def serve(self) -> float | None:
-        """One pass over this node's requests; the seconds until a lease may end (None: no
-        request to watch)."""
+        """One pass over this node's requests; the seconds until the next pass is due: a
+        lease may end, or a failed step is to be tried again (None: no request to watch)."""
         with self.db.read() as session:
             requests = logstreams.requests_for(session, self.node)
         for gone in set(self._streams) - {r.id for r in requests}:
@@ -156,9 +160,9 @@ class LogServer:
             next_end = ends if next_end is None else min(next_end, ends)
             try:
                 self._step(request, stream)
-            except errors.GctlError as exc:  # the database is away, say: the next pass
-                log.warning("log request %d: %s", request.id, exc)
-                self.wake.set()
+            except errors.GctlError as exc:  # the database is away, say: again shortly
+                self._failures.failed(f"log request {request.id}", exc)
+                next_end = min(next_end, now + RETRY_SECONDS)
         return None if next_end is None else max(0.0, next_end - self.clock())
 
     def _drop(self, request: logstreams.Request) -> None:

@@ -2,12 +2,18 @@
 what it refuses, and when it gives up on a reader. A fake clock stands for the lease's time.
 """
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
-from gctl.store import db, logstreams
+from gctl.api import errors
+from gctl.store import db, logstreams, notify
 from nodeagent import logserver
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -27,7 +33,9 @@ def logs_dir(tmp_path: Path) -> Path:
     return tmp_path / "state" / "logs"
 
 
-def _server(database: db.Database, logs_dir: Path, clock: Clock) -> logserver.LogServer:
+def _server(
+    database: db.Database, logs_dir: Path, clock: Callable[[], float]
+) -> logserver.LogServer:
     return logserver.LogServer(
         database,
         "n1",
@@ -122,3 +130,36 @@ def test_drops_a_request_not_renewed_for_its_lease(database: db.Database, logs_d
     assert request is not None
     assert len(sent) == logserver.WINDOW_BYTES
     server.close()
+
+
+def test_a_write_that_keeps_failing_is_retried_after_a_while_and_logged_once(
+    database: db.Database,
+    logs_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reads work, writes fail (a full disk, say): the loop tries again about once a second,
+    not at once, and says so in one line, not once per try."""
+    log = logs_dir / "attempt-1.log"
+    log.write_bytes(b"hello\n")
+    _ask(database, log)
+    tries: list[float] = []
+
+    def answer(*_args: object, **_kwargs: object) -> NoReturn:
+        tries.append(time.monotonic())
+        raise errors.Unavailable("database disk is full")
+
+    monkeypatch.setattr(logstreams, "answer", answer)
+    server = _server(database, logs_dir, time.monotonic)  # it counts passes in real time
+    stop = notify.Stop()
+    serving = threading.Thread(target=server.run, args=(stop,))
+    with caplog.at_level(logging.WARNING, logger="gctl.agent"):
+        serving.start()
+        time.sleep(2.5)
+        stop.set()
+        serving.join(timeout=10)
+
+    assert not serving.is_alive()
+    assert 2 <= len(tries) <= 4, f"{len(tries)} tries in 2.5 s"
+    said = [r.getMessage() for r in caplog.records if r.name == "gctl.agent"]
+    assert said == ["log request 1 failed; retrying: database disk is full"], said
