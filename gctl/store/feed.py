@@ -11,6 +11,7 @@ import json
 import math
 import select
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -54,26 +55,40 @@ class _PostgresWaker:
     def wait(self, timeout: float) -> bool:
         stop_fd = notify.stop_fd(self._stop)
         if stop_fd is not None:  # a stop that select sees: no need to look at it in steps
-            poller = select.poll()
-            poller.register(self._conn.fileno(), select.POLLIN)
-            poller.register(stop_fd, select.POLLIN)
-            ready = poller.poll(math.ceil(timeout * 1000))
-            if not ready or any(fd == stop_fd for fd, _ in ready):
-                return False
-            # Readable: a notification, or something else the server sent (read and dropped).
-            for _ in self._conn.notifies(timeout=0, stop_after=1):
-                return True
-            return False
+            return self._poll(stop_fd, timeout)
         step = 0.5 if self._stop is not None else timeout
         waited = 0.0
         while waited < timeout:
             for notice in self._conn.notifies(timeout=min(step, timeout - waited)):
-                if self._payloads is None or notice.payload in self._payloads:
+                if self._wanted(notice.payload):
                     return True
             if self._stop is not None and self._stop.is_set():
                 return False
             waited += step
         return False
+
+    def _poll(self, stop_fd: int, timeout: float) -> bool:
+        """`wait`, sleeping in poll(2) on the connection and the stop's descriptor."""
+        poller = select.poll()
+        poller.register(self._conn.fileno(), select.POLLIN)
+        poller.register(stop_fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready = poller.poll(math.ceil(left * 1000))
+            if not ready or any(fd == stop_fd for fd, _ in ready):
+                return False
+            # Readable: notifications, or something else the server sent (read and dropped).
+            # All of them are read, so that one for someone else is not left to wake the
+            # next wait; a wanted one among them wakes this one, else it sleeps on.
+            wanted = False
+            for notice in self._conn.notifies(timeout=0):
+                wanted = wanted or self._wanted(notice.payload)
+            if wanted:
+                return True
+        return False
+
+    def _wanted(self, payload: str) -> bool:
+        return self._payloads is None or payload in self._payloads
 
     def close(self) -> None:
         self._conn.close()

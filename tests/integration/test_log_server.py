@@ -163,3 +163,32 @@ def test_a_write_that_keeps_failing_is_retried_after_a_while_and_logged_once(
     assert 2 <= len(tries) <= 4, f"{len(tries)} tries in 2.5 s"
     said = [r.getMessage() for r in caplog.records if r.name == "gctl.agent"]
     assert said == ["log request 1 failed; retrying: database disk is full"], said
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_an_agent_sleeping_on_its_stop_wakes_only_for_its_own_node(
+    database: db.Database, logs_dir: Path
+) -> None:
+    """The NOTIFYs of another node's requests reach every listener on PostgreSQL: a waiter
+    with a stop that poll(2) sees reads them and sleeps on, and wakes for its own."""
+    stop = notify.Stop()
+    waker = logstreams.waker(database, stop, logstreams.for_node("other"))
+    try:
+        _ask(database, logs_dir / "attempt-1.log")  # a request for n1: NOTIFY node:n1
+        _server(database, logs_dir, Clock()).serve()  # n1's agent answers: request:N
+        began = time.monotonic()
+        assert not waker.wait(1.0)
+        assert time.monotonic() - began >= 0.9  # slept the timeout out, not woken and left
+        with logstreams.writing(database) as session:
+            logstreams.open_request(
+                session,
+                node="other",
+                binding_uid="b-2",
+                path=str(logs_dir / "attempt-2.log"),
+                follow=False,
+                lease_seconds=10.0,
+                now=T0,
+            )
+        assert waker.wait(5.0)
+    finally:
+        waker.close()
