@@ -11,7 +11,8 @@ write transaction, so that its reads hold no writer back: `run`; elsewhere all t
    second controller racing on the same attempt fails) and moves the Job to Scheduled with the
    CAS of the Job it read; each preemption sets `stopReason: Preempted` on its victims'
    Bindings; each Job left waiting gets its Scheduled=False condition and estimated start,
-   written only when they changed (its place in the queue is not stored: gctl.api.queue).
+   written only when they changed (`telling`; its place in the queue is not stored:
+   gctl.api.queue).
 
 A pass binds at most `Limits.binds` Jobs, writes at most `Limits.writes` waiting Jobs and starts
 no write after `Limits.seconds` of writing (as Slurm's scheduler stops after so many starts or
@@ -22,18 +23,15 @@ makes due `FOLLOW_UP` after its own start rather than at once.
 """
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controller import diagnosis, jobs, placement, reading
+from controller import jobs, placement, reading, telling
 from gctl.api import binding, errors, job, meta, queue
 from gctl.store import bulk, db, store, stored
 
 SOURCE = "controller/scheduler"
-# Reasons this pass sets in status.reason (the Job cannot be queued until a user acts); it
-# clears them once they no longer hold, and leaves every other reason to the Job lifecycle.
-OWN_REASONS = frozenset({job.REASON_POOL_NOT_FOUND, job.REASON_PROFILE_NOT_FOUND})
 # A Job bound ahead went back to waiting: its place went to a Job ahead of it, or no longer
 # suits it.
 REASON_UNBOUND = "Unbound"
@@ -173,7 +171,7 @@ class _Planned:
 def _plan(reader: store.Store, now: datetime, limits: Limits) -> _Planned:
     pending = reader.pending_wires()
     reading.REQUESTS.begin(len(pending))
-    _TOLD.begin(len(pending))
+    telling.TOLD.begin(len(pending))
     succeeded = reading.succeeded_dependencies(reader, pending)
     eligible: list[Wire] = []
     held: list[Wire] = []
@@ -200,7 +198,7 @@ def _write(
     budget = _Budget.of(limits)  # the time limit counts from the first write
     if planned.world is not None:
         _apply(writer, planned.decisions, planned.by_key, planned.world, now, budget=budget)
-    _forget_queue(writer, planned.held, budget)
+    telling.forget_queue(writer, planned.held, budget.take)
     if planned.complete and budget.follow_up:
         return now + FOLLOW_UP
     if not planned.complete or budget.short:
@@ -287,7 +285,9 @@ def _apply(
     with writer.batched():
         for d in decisions:
             if d.placement is None:
-                _report(writer, by_key[(d.request.namespace, d.request.name)], d, now, budget)
+                telling.report(
+                    writer, by_key[(d.request.namespace, d.request.name)], d, now, budget.take
+                )
 
 
 def _ahead(d: placement.Decision) -> bool:
@@ -311,7 +311,7 @@ def _more_to_write(
     return any(
         _ahead(d)
         if d.placement is not None
-        else not _told(by_key[(d.request.namespace, d.request.name)], d, now)
+        else not telling.told(by_key[(d.request.namespace, d.request.name)], d, now)
         for d in decisions
     )
 
@@ -597,102 +597,6 @@ def _preempt(
             for involved, reason, message in said:
                 writer.record_event(involved, reason, message, source=SOURCE)
     return True
-
-
-# What a waiting Job's stored status was found to say already: (reason, message) of a decision
-# with no estimated start, for which `stale` does not depend on the time.
-_TOLD: reading.PassMemo[tuple[str | None, str]] = reading.PassMemo()
-
-
-def _told(w: Wire, d: placement.Decision, now: datetime) -> bool:
-    """Whether the Job's status already says what the pass decided: `not stale`, taken from
-    the last pass when the same stored Job was found to say the same."""
-    if d.estimated_start is None and _TOLD.get(w) == (d.reason, d.message):
-        _TOLD.put(w, (d.reason, d.message))
-        return True
-    if stale(w, d, now):
-        return False
-    if d.estimated_start is None and not w["status"].get("estimatedStartTime"):
-        _TOLD.put(w, (d.reason, d.message))
-    return True
-
-
-def _report(
-    writer: store.Store, w: Wire, d: placement.Decision, now: datetime, budget: _Budget
-) -> None:
-    """Tell a waiting Job why, where it stands and when it should start, if that changed."""
-    if _told(w, d, now):
-        return
-    if not budget.take():
-        return  # the next pass writes it
-    j = stored.validated(job.Job, w)
-    status = j.status
-    meta.set_condition(
-        status.conditions,
-        job.CONDITION_SCHEDULED,
-        "False",
-        d.reason,
-        d.message,
-        generation=j.metadata.generation,
-        now=now,
-    )
-    status.estimated_start_time = d.estimated_start
-    if d.reason in OWN_REASONS:
-        status.reason, status.message = d.reason, d.message
-    elif status.reason in OWN_REASONS:
-        status.reason, status.message = None, None
-    writer.update_status(j)
-
-
-def stale(w: Wire, d: placement.Decision, now: datetime) -> bool:
-    """Whether what a waiting Job's status says differs from the decision enough to write.
-
-    A waiting Job is rewritten only when the reason or the gist of the message changes (for
-    the head of a pool's queue, which GPU states it names), or its estimate moves by more than
-    10 % of the time left (at least 30 s): a Job ending must not rewrite the queue behind it.
-    Its place in the queue is not stored at all."""
-    status = w["status"]
-    said = next(
-        (c for c in status.get("conditions", []) if c["type"] == job.CONDITION_SCHEDULED), None
-    )
-    if said is None or (said["status"], said.get("reason"), said.get("observedGeneration")) != (
-        "False",
-        d.reason,
-        w["metadata"].get("generation"),
-    ):
-        return True
-    whole = d.position == 1  # the head of its pool's queue: the Job that others wait behind
-    if diagnosis.gist(said.get("message", ""), whole=whole) != diagnosis.gist(
-        d.message, whole=whole
-    ):
-        return True
-    if _drifted(reading.parse_time(status.get("estimatedStartTime")), d.estimated_start, now):
-        return True
-    mine = (d.reason, d.message) if d.reason in OWN_REASONS else None
-    has = status.get("reason"), status.get("message")
-    return has != mine if mine else has[0] in OWN_REASONS
-
-
-def _drifted(old: datetime | None, new: datetime | None, now: datetime) -> bool:
-    if old is None or new is None:
-        return old != new
-    slack = max(timedelta(seconds=30), (new - now) / 10)
-    return abs(old - new) > slack
-
-
-def _forget_queue(writer: store.Store, held: Iterable[Wire], budget: _Budget) -> None:
-    """A Job held back (suspended, in back-off, waiting for dependencies) has no place in the
-    queue and no estimated start."""
-    with writer.batched():
-        for w in held:
-            status = w["status"]
-            if status.get("estimatedStartTime") is None:
-                continue
-            if not budget.take():
-                return
-            j = stored.validated(job.Job, w)
-            j.status.estimated_start_time = None
-            writer.update_status(j)
 
 
 def _next_retry(pending: list[Wire], now: datetime) -> datetime | None:

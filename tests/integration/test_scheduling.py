@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from controller import jobs, placement, reading, scheduling
+from controller import jobs, placement, reading, scheduling, telling
 from gctl.api import binding, errors, job, meta, node, pool, profile, queue
 from gctl.store import db, shared, store, tables
 from tests.builders import make_job, put_ready_node, report_attempt
@@ -409,7 +409,7 @@ def _cordon(database: db.Database, name: str, gpus: list[int]) -> None:
 
 def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.Database) -> None:
     """Passes reuse what they read of a waiting Job and what it was told while neither changed
-    (`reading.REQUESTS`, `scheduling._TOLD`): a change to either must still reach it."""
+    (`reading.REQUESTS`, `telling.TOLD`): a change to either must still reach it."""
     with database.write() as session:
         writer = store.Store(session)
         _without_binding_ahead(writer)
@@ -476,7 +476,7 @@ def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
     monkeypatch.setattr(shared, "MAX_KEPT", 1)
     _schedule(database, T0 + timedelta(minutes=1))
     assert not reading.REQUESTS
-    assert not scheduling._TOLD
+    assert not telling.TOLD
 
 
 def _report_gpu(database: db.Database, name: str, **fields: Any) -> None:

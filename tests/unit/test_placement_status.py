@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller import placement, reading, scheduling
+from controller import placement, reading, telling
 from gctl.api import profile
 from tests.builders import make_binding
 
@@ -172,7 +172,7 @@ def decision(
 def test_only_a_change_that_matters_is_written(
     stored: dict[str, Any], now_says: placement.Decision, write: bool
 ) -> None:
-    assert scheduling.stale(wire({}, stored), now_says, T0) == write
+    assert telling.stale(wire({}, stored), now_says, T0) == write
 
 
 def test_a_reason_of_the_schedulers_own_is_set_and_cleared() -> None:
@@ -181,8 +181,8 @@ def test_a_reason_of_the_schedulers_own_is_set_and_cleared() -> None:
     )
     stored = said("no pool", None)
     stored["conditions"][0]["reason"] = "GPUPoolNotFound"
-    assert scheduling.stale(wire({}, stored), lost, T0)
+    assert telling.stale(wire({}, stored), lost, T0)
     stored |= {"reason": "GPUPoolNotFound", "message": "no pool"}
-    assert not scheduling.stale(wire({}, stored), lost, T0)
+    assert not telling.stale(wire({}, stored), lost, T0)
     later = said("x", 1) | {"reason": "GPUPoolNotFound", "message": "no pool"}
-    assert scheduling.stale(wire({}, later), decision("x", 1), T0)
+    assert telling.stale(wire({}, later), decision("x", 1), T0)
