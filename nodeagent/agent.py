@@ -558,11 +558,12 @@ class Agent:
         """Before offering its GPUs again, stop what still runs of attempts declared lost while
         this agent was away, and wait for them to end, so no GPU is used twice."""
         self.sync()
+        skipped: list[errors.StoredInvalid] = []  # waited for too: their GPUs are as held
         with self.db.read() as session:
-            lost = store.Store(session).active_bindings(self.name, frozenset({"Lost"}), skipped=[])
+            reader = store.Store(session)
+            lost = reader.active_bindings(self.name, frozenset({"Lost"}), skipped=skipped)
         deadline = _monotonic() + self.grace_seconds + 5
-        for attempt in lost:
-            uid = attempt.metadata.uid or ""
+        for uid in [a.metadata.uid or "" for a in lost] + [i.uid for i in skipped]:
             while self.runtime.state(uid).phase == "running" and _monotonic() < deadline:
                 self.wake.wait(0.1)
 

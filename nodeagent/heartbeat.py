@@ -8,7 +8,7 @@ import socket
 from datetime import datetime
 
 import gctl
-from gctl.api import binding, meta, node, quantity
+from gctl.api import binding, errors, meta, node, quantity
 from gctl.store import db, store
 from nodeagent import ownership, runtime
 
@@ -100,23 +100,27 @@ def attribute(
     """Tell this node's jobs' processes from the others on each GPU (a job runs in a session
     of its own, led by the pid its supervisor recorded): the Node lists only the others, and
     a job that uses more GPU memory than it declared is stopped where its pool asks for that."""
+    skipped: list[errors.StoredInvalid] = []  # not read, but gctl's: not someone else's
     with database.read() as session:
-        running = store.Store(session).active_bindings(name, frozenset({"Running"}))
+        reader = store.Store(session)
+        running = reader.active_bindings(name, frozenset({"Running"}), skipped=skipped)
     by_session: dict[int | None, binding.Binding] = {}
     for bound in running:
         pid = attempts.state(bound.metadata.uid or "").pid
         if pid is not None:
             by_session[pid] = bound
+    unread = {attempts.state(invalid.uid).pid for invalid in skipped} - {None}
     used: dict[str, dict[int, int]] = {}
     for gpu in discovered:
         others = []
         for process in gpu.processes:
-            owner = by_session.get(_session_of(process.pid))
-            if owner is None:
-                others.append(process)
-            else:
+            leader = _session_of(process.pid)
+            owner = by_session.get(leader)
+            if owner is not None:
                 per_gpu = used.setdefault(owner.metadata.uid or "", {})
                 per_gpu[gpu.index] = per_gpu.get(gpu.index, 0) + (process.used_memory or 0)
+            elif leader not in unread:
+                others.append(process)
         gpu.processes = others
     for bound in running:
         _enforce_memory(attempts, bound, used.get(bound.metadata.uid or "", {}))

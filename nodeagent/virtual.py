@@ -254,7 +254,7 @@ class VirtualAgent:
         with self.db.read() as session:
             reader = store.Store(session)
             if keys is None:
-                found = reader.active_bindings(None, _SYNCED_PHASES)
+                found = reader.active_bindings(None, _SYNCED_PHASES, skipped=[])  # left alone
             else:
                 found = [
                     binding.Binding.model_validate(w)

@@ -34,8 +34,10 @@ def test_a_binding_that_no_longer_validates_does_not_stop_the_heartbeat(
     store.transact(database, lambda w: scheduling.schedule(w, node_agent.clock()))
     table = tables.table_of(binding.Binding.KIND)
     with database.engine.begin() as connection:  # as an older gctl or a hand edit leaves it
-        done = connection.execute(
-            sqlalchemy.update(table).values(spec={"node": "n1", "gpus": "not a list"})
+        done = connection.execute(  # Running: the heartbeat tells its processes from others
+            sqlalchemy.update(table).values(
+                spec={"node": "n1", "gpus": "not a list"}, phase="Running"
+            )
         )
         assert done.rowcount == 1
     before = _heartbeat(database)
