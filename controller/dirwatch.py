@@ -13,6 +13,7 @@ lost.
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ SETTLE_MS = 2_000
 
 CHANGED = "changed"  # a wanted file under the directory changed
 GONE = "gone"  # the directory was deleted or moved away
+SETTLING = "settling"  # it is there again, still being written: read nothing of it yet
 BACK = "back"  # it is there again (and what it holds was not watched while it was away)
 
 Identity = tuple[int, int]
@@ -43,7 +45,8 @@ def changes(
     debounce_ms: int,
     tick_ms: int = TICK_MS,
 ) -> Iterator[str]:
-    """CHANGED, GONE or BACK, each time one happens to `directory` (absolute), until `stop`.
+    """CHANGED, GONE, SETTLING or BACK, each time one happens to `directory` (absolute),
+    until `stop`.
 
     `wanted` says which changed paths count. Each of the three is a reason to read the
     directory again; BACK comes once the new directory is watched and has been quiet for
@@ -66,8 +69,11 @@ def changes(
             continue
         with watcher:
             if back:
-                if not _settled(watcher, stop, debounce_ms):
+                yield SETTLING
+                if not _settled(watcher, stop, debounce_ms, wanted):
                     return
+                if _identity(directory) != identity:  # gone again while it settled
+                    continue
                 yield BACK
                 back = False
             for batch in _batches(watcher, stop, debounce_ms, tick_ms):
@@ -79,16 +85,25 @@ def changes(
                     break
 
 
-def _settled(watcher: RustNotify, stop: threading.Event, debounce_ms: int) -> bool:
-    """Wait until the directory that came back has been quiet for `SETTLE_MS` (False on
-    `stop`): it is being made again, and a pass over half of it would prune the rest (300 files
-    copied in: 147 Jobs pruned, then made again)."""
+def _settled(
+    watcher: RustNotify, stop: threading.Event, debounce_ms: int, wanted: Callable[[str], bool]
+) -> bool:
+    """Wait until no wanted file of the directory that came back has changed for `SETTLE_MS`
+    (False on `stop`): it is being made again, and a pass over half of it would prune the rest
+    (300 files copied in: 147 Jobs pruned, then made again). Other files (a log written on and
+    on, `.git`) do not hold it back."""
+    quiet_since = time.monotonic()
     while True:
-        raw = watcher.watch(debounce_ms, STEP_MS, SETTLE_MS, stop)
-        if raw == "timeout":
+        left_ms = SETTLE_MS - (time.monotonic() - quiet_since) * 1000
+        if left_ms <= 0:
             return True
+        raw = watcher.watch(debounce_ms, STEP_MS, max(1, int(left_ms)), stop)
+        if raw == "timeout":
+            continue
         if not isinstance(raw, set):  # "stop", or "signal" (only the main thread sees one)
             return False
+        if any(wanted(path) for _, path in raw):
+            quiet_since = time.monotonic()
 
 
 def _batches(

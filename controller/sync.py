@@ -71,6 +71,8 @@ class Syncer:
         self.options = options
         self.report = report
         self.clock = clock
+        # The directory came back and is still being written (dirwatch.SETTLING): no pass
+        self._settling = threading.Event()
         # Per member: what the source said at the last good pass (a change of the stored object
         # that the source did not make is drift), and the object as this sync last wrote it.
         self._source: dict[Key, Fingerprint] = {}
@@ -253,6 +255,8 @@ class Syncer:
                 break
             while not wakeups.empty():  # one pass for everything that came together
                 wakeups.get_nowait()
+            if self._settling.is_set():  # its BACK brings the pass (drift, retries wait)
+                continue
             try:
                 self.sync_once()
             except Exception as exc:  # the database went away: the loop must not die
@@ -278,8 +282,12 @@ class Syncer:
                     stop,
                     debounce_ms=self.options.debounce_ms,
                 ):
+                    if what == dirwatch.SETTLING:  # no pass reads it until it is whole
+                        self._settling.set()
+                        continue
                     if what == dirwatch.BACK:
                         log.info("%s is back; following it again", directory)
+                    self._settling.clear()
                     wakeups.put("files")
             except (OSError, RuntimeError) as exc:  # the watcher failed: start it again, then pass
                 log.warning("watching %s: %s", directory, exc)

@@ -21,6 +21,7 @@ class Followed:
 
     def __init__(self, directory: Path) -> None:
         self.seen: queue.Queue[str] = queue.Queue()
+        self.settling = 0
         self.stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, args=(directory,), daemon=True)
         self._thread.start()
@@ -28,7 +29,10 @@ class Followed:
     def _follow(self, directory: Path) -> None:
         wanted = lambda path: path.endswith(".yaml")  # noqa: E731
         for what in dirwatch.changes(directory, wanted, self.stop, debounce_ms=50):
-            self.seen.put(what)
+            if what == dirwatch.SETTLING:  # before each BACK: counted, not queued
+                self.settling += 1
+            else:
+                self.seen.put(what)
 
     def next(self) -> str:
         return self.seen.get(timeout=WAIT)
@@ -141,3 +145,30 @@ def test_a_directory_made_again_file_by_file_comes_back_whole(
     assert followed.next() == dirwatch.BACK
     assert time.monotonic() - written >= dirwatch.SETTLE_MS / 1000 - 2 * gap
     assert followed.seen.empty()
+    assert followed.settling == 1  # said as soon as it was there: the sync passes nothing
+
+
+def test_files_that_are_not_manifests_do_not_hold_a_directory_back(
+    exp: Path, followed: Followed
+) -> None:
+    shutil.rmtree(exp)
+    assert followed.until(dirwatch.GONE)[-1] == dirwatch.GONE
+    exp.mkdir()
+    started = time.monotonic()
+    came: queue.Queue[str] = queue.Queue()
+    writer = threading.Thread(target=lambda: _scribble(exp / "train.log", came), daemon=True)
+    writer.start()
+    try:
+        assert followed.next() == dirwatch.BACK  # a log written on and on: BACK still comes
+    finally:
+        came.put("done")
+        writer.join(timeout=WAIT)
+    assert time.monotonic() - started < WAIT
+
+
+def _scribble(path: Path, done: "queue.Queue[str]") -> None:
+    with path.open("a") as log:
+        while done.empty():
+            log.write("step\n")
+            log.flush()
+            time.sleep(0.1)
