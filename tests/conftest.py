@@ -9,6 +9,7 @@ in a directory of the session's, stopped when the session ends.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -21,6 +22,17 @@ import pytest
 
 from gctl.cli import client, cmdserver
 from gctl.store import db
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start, however the run was started: a shell
+    starts a background job (`make test &`) with SIGINT ignored, every child inherits that,
+    and gctl, like any command under `trap '' INT`, then keeps ignoring it, so the tests that
+    send SIGINT to a `gctl` would wait for nothing (their processes get SIG_DFL on exec)."""
+    del config
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 PG_ADMIN = os.environ.get("GCTL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 DIALECTS = ["sqlite", "postgresql"]
