@@ -28,10 +28,6 @@ from pathlib import Path
 from gctl.api import errors, node
 
 LOCK = "agent.lock"
-# A heartbeat is stale once this many of its agent's intervals have passed without one (and
-# at least STALE_MIN_S): a slow pass or a database hiccup delays one beat, not three.
-STALE_AFTER_BEATS = 3
-STALE_MIN_S = 10.0
 
 
 class Taken(errors.AlreadyExists):
@@ -92,7 +88,7 @@ def rival(
     if current is None or theirs is None or beat is None or theirs.id in (ours.id, predecessor):
         return None
     age = (now - beat).total_seconds()
-    if abs(age) > max(STALE_AFTER_BEATS * theirs.heartbeat_seconds, STALE_MIN_S):
+    if abs(age) > theirs.silent_after():
         return None
     return (
         f"node {current.name}: another agent is running for it, on host {theirs.hostname} "

@@ -57,6 +57,12 @@ class NodeSpec(meta.Model):
         return None
 
 
+# An agent is taken to be gone once this many of its heartbeat intervals pass without one (and
+# at least SILENT_MIN_S): a slow pass or a database hiccup delays one beat, not three.
+SILENT_AFTER_BEATS = 3
+SILENT_MIN_S = 10.0
+
+
 class AgentInstance(meta.Model):
     """The agent process that heartbeats a Node: one at a time, as one kubelet per node. A
     second agent for the node refuses to start while this one's heartbeat is fresh."""
@@ -66,6 +72,10 @@ class AgentInstance(meta.Model):
     pid: int
     started: datetime
     heartbeat_seconds: float  # how often it heartbeats: how soon its silence means it is gone
+
+    def silent_after(self) -> float:
+        """Seconds without a heartbeat after which this agent is taken to be gone."""
+        return max(SILENT_AFTER_BEATS * self.heartbeat_seconds, SILENT_MIN_S)
 
 
 class NodeStatus(meta.Model):

@@ -29,10 +29,6 @@ ANSWER_SECONDS = 5.0  # for the node's agent to take a request
 LEASE_SECONDS = 10.0  # the agent drops a request not renewed for this long
 RENEW_SECONDS = LEASE_SECONDS / 4
 READ_BYTES = 4 << 20  # chunks read at once, at most about this many bytes
-# An agent whose heartbeat has not moved for this many of its beats (and at least this long)
-# is gone: the rule by which a second agent may take its node over (nodeagent.ownership).
-SILENT_AFTER_BEATS = 3
-SILENT_MIN_SECONDS = 10.0
 
 
 class NotAnswering(errors.Unavailable):
@@ -191,8 +187,7 @@ class _Agent:
         if beat != self.beat:
             self.beat, self.seen_at = beat, now
         instance = found.status.agent_instance if found is not None else None
-        every = instance.heartbeat_seconds if instance is not None else 0.0
-        allowed = max(SILENT_AFTER_BEATS * every, SILENT_MIN_SECONDS)
+        allowed = instance.silent_after() if instance is not None else node.SILENT_MIN_S
         quiet = now - self.seen_at
         return quiet if quiet >= allowed else None
 
