@@ -69,6 +69,12 @@ def up(gctl: Gctl, tmp_path: Path) -> Iterator[None]:
         wait_for(lambda: "Ready" in gctl.ok("get", "nodes"), "the node to be Ready")
         yield
     finally:
+        stop(process)
+
+
+def stop(process: "subprocess.Popen[bytes]") -> None:
+    """SIGTERM to a daemon the test started, SIGKILL if it has not ended 10 s later."""
+    if process.poll() is None:
         process.terminate()
         try:
             process.wait(10)

@@ -23,6 +23,7 @@ from sqlalchemy import text
 
 from gctl.store import db
 from tests.conftest import GCTL_BIN, Gctl
+from tests.e2e.conftest import stop
 from tests.e2e.test_running import DEADLINE, finish, poll, running_attempt
 
 SLOW_PRINTER = (
@@ -53,18 +54,8 @@ def agent_host(gctl: Gctl, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
         poll(lambda: "Ready" in gctl.ok("get", "nodes"), "the node to be Ready")
         yield process
     finally:
-        _stop(process)
+        stop(process)
         print((tmp_path / "up.log").read_text(errors="replace"))
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 def _raw(gctl: Gctl, *args: str) -> tuple[int, bytes, str]:
