@@ -107,6 +107,7 @@ def pool_of(p: pool.GPUPool) -> placement.Pool:
         max_jobs_per_gpu=spec.max_jobs_per_gpu,
         allow_fractions=spec.allow_fractions,
         policy=spec.policy,
+        queue_order=spec.queue_order,
         preemption=spec.preemption,
         backfill=spec.backfill,
         max_utilization_percent=spec.max_utilization_percent,
@@ -211,15 +212,8 @@ def allocation_of(
     )
 
 
-def deadline_of(spec: Wire) -> int | None:
-    """A stored Job's activeDeadlineSeconds, if the plan can use it. One past the limit of
-    what apply accepts (stored by an older gctl, or written by hand) counts as no deadline
-    known: the plan adds deadlines to times, and up on its timeline, where such a one would
-    pass the last moment a datetime holds and fail every pass."""
-    value = spec.get("activeDeadlineSeconds")
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value if 0 < value <= quantity.MAX_DURATION_SECONDS else None
+# A stored Job's activeDeadlineSeconds, where the plan can use it (gctl.api.queue).
+deadline_of = queue.time_limit
 
 
 def key(w: Wire) -> Key:
@@ -275,13 +269,21 @@ def requests_of(wires: list[Wire], world: World) -> list[placement.Request]:
     for w in wires:
         kept = REQUESTS.get(w)
         if kept is not None and kept[0] is world.run_times:
-            request = kept[1]
+            request = ranked(kept[1], world)  # its pool may have changed its queueOrder
         else:
             request = request_of(w, world)
         if not w["spec"].get("resources", {}).get("profile"):
             REQUESTS.put(w, (world.run_times, request))
         found.append(request)
     return found
+
+
+def ranked(request: placement.Request, world: World) -> placement.Request:
+    """`request` with the `length` its pool's `queueOrder` gives it now (gctl.api.queue)."""
+    pool_found = world.snapshot.pools.get(request.pool)
+    order = pool_found.queue_order if pool_found else queue.FIFO
+    length = queue.length_key(order, request.deadline)
+    return request if request.length == length else dataclasses.replace(request, length=length)
 
 
 def request_of(w: Wire, world: World) -> placement.Request:
@@ -307,7 +309,7 @@ def request_of(w: Wire, world: World) -> placement.Request:
         problem = _pin_mismatch(pinned, float(gpus), wanted_profile)
     deadline = deadline_of(spec)
     runtime = world.run_times.get(command_key(spec.get("command"))) if world.run_times else None
-    return placement.Request(
+    request = placement.Request(
         namespace=namespace,
         name=name,
         gpus=float(gpus),
@@ -322,6 +324,7 @@ def request_of(w: Wire, world: World) -> placement.Request:
         runtime=timedelta(seconds=deadline) if deadline else runtime,
         problem=problem,
     )
+    return ranked(request, world)
 
 
 def queued_requests(world: World) -> list[tuple[placement.Request, Wire]]:

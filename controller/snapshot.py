@@ -51,6 +51,7 @@ class Pool:
     max_jobs_per_gpu: int | None = None
     allow_fractions: bool = True
     policy: str = "binpack"  # | "spread"
+    queue_order: str = queue.FIFO  # | queue.LONGEST_FIRST
     preemption: bool = True
     backfill: bool = False
     max_utilization_percent: int | None = None
@@ -98,6 +99,7 @@ class Request:
     priority: int = 0
     created: datetime | None = None
     deadline: int | None = None  # activeDeadlineSeconds
+    length: float = 0.0  # queue.length_key: its place among equal priorities in its pool
     runtime: timedelta | None = None  # expected: the deadline, or earlier runs' median
     problem: tuple[str, str] | None = None  # (reason, message): it cannot be queued at all
     queued: Allocation | None = None  # its attempt bound ahead, which this pass may move
@@ -142,9 +144,11 @@ class Plan:
     complete: bool = True  # False: max_placements was reached and later requests wait a pass
 
 
-def queue_key(request: Request) -> tuple[int, datetime, str, str]:
+def queue_key(request: Request) -> tuple[int, float, datetime, str, str]:
     """The order `gctl get jobs -o wide` numbers the queue in, too (gctl.api.queue)."""
-    return queue.order_key(request.priority, request.created, request.name, request.namespace)
+    return queue.order_key(
+        request.priority, request.created, request.name, request.namespace, request.length
+    )
 
 
 # -- the state of one pass ---------------------------------------------------------------------

@@ -41,6 +41,9 @@ class GPUPoolSpec(meta.Model):
     max_jobs_per_gpu: int | None = Field(default=None, ge=1, le=64, alias="maxJobsPerGPU")
     allow_fractions: bool = True
     policy: Literal["binpack", "spread"] = "binpack"
+    # Among Jobs of equal priority: FIFO starts the oldest first; LongestFirst the one with the
+    # longest activeDeadlineSeconds (none counts as longest), then the oldest (gctl.api.queue).
+    queue_order: Literal["FIFO", "LongestFirst"] = "FIFO"
     # A pending Job may stop lower-priority preemptible Jobs when that is the only way it fits.
     preemption: bool = True
     # A job may start ahead of a blocked higher one when its deadline ends before that one

@@ -1,19 +1,21 @@
 """A pool's queue, from stored Jobs alone: which Jobs wait in it and in what order.
 
 Plain data, no pydantic: the scheduling pass leaves the Jobs `held` out of its queue and orders
-its requests by `order_key`, and `gctl get jobs -o wide` and `gctl describe job` number the same
-queue with `positions` when they print, as Kueue's visibility API does. The positions are not
-stored: every Job that starts moves everyone behind it, and rewriting thousands of queued Jobs
-for that would cost more than the scheduling.
+its requests by `order_key` (with `length_key` for the pool's `queueOrder`), and `gctl get jobs
+-o wide` and `gctl describe job` number the same queue with `positions` when they print, as
+Kueue's visibility API does. The positions are not stored: every Job that starts moves everyone
+behind it, and rewriting thousands of queued Jobs for that would cost more than the scheduling.
 """
 
-from collections.abc import Callable, Container, Iterable
+import math
+from collections.abc import Callable, Container, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gctl.api import dependencies, kinds
+from gctl.api import dependencies, kinds, quantity
 
 DEFAULT_POOL = "default"
+FIFO, LONGEST_FIRST = "FIFO", "LongestFirst"  # a GPUPool's spec.queueOrder
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Wire = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
@@ -104,33 +106,72 @@ def _read_named(read: ReadNamed, info: kinds.KindInfo, keys: set[Key]) -> list[W
     ]
 
 
+def time_limit(spec: Wire) -> int | None:
+    """A stored Job's activeDeadlineSeconds, where the scheduler can use it. One past the
+    limit of what apply accepts (stored by an older gctl, or written by hand) counts as none:
+    the plan adds deadlines to times, and up on its timeline, where such a one would pass the
+    last moment a datetime holds and fail every pass."""
+    value = spec.get("activeDeadlineSeconds")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 < value <= quantity.MAX_DURATION_SECONDS else None
+
+
+def length_key(order: str, deadline: int | None) -> float:
+    """A Job's place among Jobs of equal priority by its pool's `queueOrder`, before the age:
+    the same for all in a FIFO pool; in a LongestFirst pool, the longest time limit
+    (`activeDeadlineSeconds`) first, a Job without one before every Job with one. Longest
+    first (the LPT rule) finishes a batch soonest: the long Jobs start early, and the short
+    ones fill the gaps they leave at the end."""
+    if order != LONGEST_FIRST:
+        return 0.0
+    return -math.inf if deadline is None else -float(deadline)
+
+
 def order_key(
-    priority: int, created: datetime | None, name: str, namespace: str
-) -> tuple[int, datetime, str, str]:
-    """Higher priority first, then older, then by name: the scheduler's order too."""
-    return (-priority, created or EPOCH, name, namespace)
+    priority: int, created: datetime | None, name: str, namespace: str, length: float = 0.0
+) -> tuple[int, float, datetime, str, str]:
+    """Higher priority first, then `length_key`, then older, then by name: the scheduler's
+    order too."""
+    return (-priority, length, created or EPOCH, name, namespace)
 
 
-def wire_key(wire: Wire) -> tuple[int, datetime, str, str]:
-    metadata = wire["metadata"]
+def wire_key(wire: Wire, order: str = FIFO) -> tuple[int, float, datetime, str, str]:
+    """`order_key` of a stored Job in a pool whose `queueOrder` is `order`."""
+    metadata, spec = wire["metadata"], wire["spec"]
     created = metadata.get("creationTimestamp")
     return order_key(
-        int(wire["spec"].get("priority", 0)),
+        int(spec.get("priority", 0)),
         datetime.fromisoformat(created) if created else None,
         metadata["name"],
         metadata.get("namespace", ""),
+        length_key(order, time_limit(spec)),
     )
 
 
-def positions(jobs: Iterable[Wire], now: datetime, succeeded: Container[Key]) -> dict[Key, int]:
+def orders(pools: Iterable[Wire]) -> dict[str, str]:
+    """Pool name -> its `queueOrder`, from stored GPUPools (a pool not among them is FIFO)."""
+    return {w["metadata"]["name"]: str(w["spec"].get("queueOrder", FIFO)) for w in pools}
+
+
+def positions(
+    jobs: Iterable[Wire],
+    now: datetime,
+    succeeded: Container[Key],
+    pool_orders: Mapping[str, str] | None = None,
+) -> dict[Key, int]:
     """(namespace, name) -> place in its pool's queue, 1 being next, for every queued Job
-    (`queued`; `succeeded`: the dependencies that have, as `succeeded` finds them)."""
+    (`queued`; `succeeded`: the dependencies that have, as `succeeded` finds them;
+    `pool_orders`: each pool's `queueOrder`, as `orders` reads them; FIFO where none)."""
+    pool_orders = pool_orders or {}
     found: dict[Key, int] = {}
     by_pool: dict[str, list[Wire]] = {}
     for wire in jobs:
         if queued(wire, now, succeeded):
             by_pool.setdefault(pool_of(wire), []).append(wire)
-    for waiting in by_pool.values():
-        for place, wire in enumerate(sorted(waiting, key=wire_key), start=1):
+    for pool, waiting in by_pool.items():
+        order = pool_orders.get(pool, FIFO)
+        ranked = sorted(waiting, key=lambda wire: wire_key(wire, order))
+        for place, wire in enumerate(ranked, start=1):
             found[key(wire)] = place
     return found

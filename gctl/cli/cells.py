@@ -367,6 +367,7 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
         [
             ("AHEAD", _view("ahead")),  # Scheduled, bound ahead to a busy GPU
             ("JOBS/GPU", field("spec", "maxJobsPerGPU")),  # none: as many as fractions allow
+            ("ORDER", field("spec", "queueOrder", default="FIFO")),
             ("ALLOWS", _pool_allows),
             ("SELECTOR", _pool_selector),
         ],

@@ -168,13 +168,16 @@ def _list(
     return listing.Snapshot(revision, wires)
 
 
-def _number_queue(shown: list[views.Wire], jobs: list[views.Wire], read: queue.ReadNamed) -> None:
+def _number_queue(
+    shown: list[views.Wire], jobs: list[views.Wire], pools: list[views.Wire], read: queue.ReadNamed
+) -> None:
     """Give the queued Jobs shown their place in their pool's queue, for printing only: of
-    `jobs` (every pending Job, at least), those the scheduling pass queues. Those it leaves
-    alone (suspended, in back-off, waiting for a dependency) get none; what they depend on is
-    read with `read`, as the pass looks it up (`queue.succeeded_among`)."""
+    `jobs` (every pending Job, at least), those the scheduling pass queues, in the order of
+    their pool (of `pools`, the stored GPUPools). Those it leaves alone (suspended, in
+    back-off, waiting for a dependency) get none; what they depend on is read with `read`, as
+    the pass looks it up (`queue.succeeded_among`)."""
     succeeded = queue.succeeded_among(queue.needed(jobs), read)
-    places = queue.positions(jobs, datetime.now(UTC), succeeded)
+    places = queue.positions(jobs, datetime.now(UTC), succeeded, queue.orders(pools))
     for wire in shown:
         if (key := queue.key(wire)) in places:
             wire["status"]["queuePosition"] = places[key]
@@ -320,7 +323,12 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
         if info is kinds.JOB and output == "wide":
             whole = where is None and not names and label_selector is None
             every = wires if whole else _list(db_url, kinds.JOB, None, None).wires
-            _number_queue(wires, every, lambda kind, ns, its: _list(db_url, kind, ns, its).wires)
+            _number_queue(
+                wires,
+                every,
+                _list(db_url, kinds.GPUPOOL, None, None).wires,
+                lambda kind, ns, its: _list(db_url, kind, ns, its).wires,
+            )
         if info is kinds.GPUPOOL and not names and label_selector is None:
             wires = views.with_implicit_default(wires)
         wires = _with_views(db_url, info.kind, wires)
@@ -429,6 +437,7 @@ def _describe_kind(
             _number_queue(
                 wires,
                 reader.pending_wires(),
+                reader.list_wire(kinds.model(kinds.GPUPOOL.kind)),
                 lambda kind, ns, its: reader.list_wire(kinds.model(kind.kind), ns, names=its),
             )
         chain = describing.Chain(reader)  # each namespace's Jobs and Sweeps, read once

@@ -274,6 +274,51 @@ def test_waiting_jobs_learn_their_place_and_when_they_should_start(database: db.
     )
 
 
+def test_a_longest_first_pool_starts_the_longest_time_limit_first(database: db.Database) -> None:
+    """Among equal priorities a LongestFirst pool takes the longest activeDeadlineSeconds first
+    (none counts as longest), the pass and `get jobs -o wide` alike; set back to FIFO, the
+    oldest again, also for Jobs the pass has already read."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        spec = pool.GPUPoolSpec(bind_ahead=False, queue_order="LongestFirst")
+        writer.create(pool.GPUPool(metadata=meta.ObjectMeta(name="default"), spec=spec))
+        for name, limit in (("short", 60), ("medium", 600), ("open", None), ("long", 3600)):
+            new = make_job(name).build()
+            new.spec.active_deadline_seconds = limit
+            writer.create(new)
+    _settle(database)
+    assert _job(database, "open").status.phase == "Scheduled"
+
+    def queue_now() -> list[tuple[str, int, datetime | None]]:
+        with database.read() as session:
+            reader = store.Store(session)
+            pending = reader.pending_wires()
+            orders = queue.orders(reader.list_wire(pool.GPUPool))
+            places = queue.positions(pending, T0, set(), orders)
+        return sorted(
+            (name, place, _job(database, name).status.estimated_start_time)
+            for (_, name), place in places.items()
+        )
+
+    assert queue_now() == [("long", 1, None), ("medium", 2, None), ("short", 3, None)]
+    with database.write() as session:
+        writer = store.Store(session)
+        found = writer.get(pool.GPUPool, "default")
+        found.spec.queue_order = "FIFO"
+        writer.update(found)
+        running = writer.get(job.Job, "open", "default")
+        running.spec.active_deadline_seconds = 100  # so that the queue gets estimates
+        writer.update(running)
+    _settle(database)
+    start = T0 + timedelta(seconds=100)
+    assert queue_now() == [
+        ("long", 3, start + timedelta(seconds=660)),
+        ("medium", 2, start + timedelta(seconds=60)),
+        ("short", 1, start),
+    ]
+
+
 def test_limits_leave_the_rest_to_the_next_pass(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)

@@ -1,6 +1,7 @@
 """The scheduling pass's pure parts: a stored Job read as a placement request (its profile
 applied), and whether what a waiting Job's status says is stale enough to write."""
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ from tests.builders import make_binding
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GI = 2**30
+RUN_TIMES: dict[str, timedelta] = {}  # no earlier runs, the same at every pass
 
 
 def world(**profiles: profile.GPUProfileSpec) -> reading.World:
@@ -88,6 +90,21 @@ def test_a_deadline_of_a_year_is_still_read() -> None:
     running = make_binding("j", "n1", [0])
     owner = wire({"activeDeadlineSeconds": year}, {"startTime": T0.isoformat()})
     assert reading.allocation_of(running, owner, {}).ends == T0 + timedelta(days=365)
+
+
+def test_a_request_is_ranked_by_its_pools_queue_order_as_it_is_now() -> None:
+    """The Request a pass keeps for an unchanged Job takes the order its pool has now."""
+    jobs = [wire({"activeDeadlineSeconds": 60}), wire({})]
+
+    def lengths(order: str) -> list[float]:
+        pools = {"default": placement.Pool(queue_order=order)}
+        shot = reading.World(placement.Snapshot([], [], pools), {}, {}, {}, RUN_TIMES)
+        reading.REQUESTS.begin(len(jobs))
+        return [r.length for r in reading.requests_of(jobs, shot)]
+
+    assert lengths("LongestFirst") == [-60.0, -math.inf]
+    assert lengths("FIFO") == [0.0, 0.0]
+    assert lengths("LongestFirst") == [-60.0, -math.inf]
 
 
 def said(message: str, position: int | None, start: datetime | None = None) -> dict[str, Any]:

@@ -73,6 +73,40 @@ def test_only_queued_jobs_are_numbered() -> None:
     assert queue.positions(jobs, later, succeeded)[("default", "flaky")] == 1
 
 
+def test_a_longest_first_pool_numbers_the_longest_time_limit_first() -> None:
+    """Priority first; then, in a LongestFirst pool, the longest activeDeadlineSeconds (none
+    counts as longest; one past what apply accepts counts as none), then the oldest; a FIFO
+    pool beside it keeps its order."""
+    jobs = [
+        _job("old-short", activeDeadlineSeconds=60),
+        _job("urgent", 5, activeDeadlineSeconds=1),
+        _job("long", activeDeadlineSeconds=3600),
+        _job("open"),
+        _job("stale", activeDeadlineSeconds=10**20),
+        _job("fifo-short", pool="other", activeDeadlineSeconds=60),
+        _job("fifo-long", pool="other", activeDeadlineSeconds=3600),
+    ]
+    for place, wire in enumerate(jobs):
+        wire["metadata"]["creationTimestamp"] = (NOW + timedelta(seconds=place)).isoformat()
+    pools = [{"metadata": {"name": "default"}, "spec": {"queueOrder": "LongestFirst"}}]
+    pools.append({"metadata": {"name": "other"}, "spec": {}})
+    places = queue.positions(jobs, NOW, set(), queue.orders(pools))
+    ranked = sorted(places, key=lambda k: (queue.pool_of(_named(jobs, k[1])), places[k]))
+    assert [name for _, name in ranked] == [
+        "urgent",
+        "open",
+        "stale",
+        "long",
+        "old-short",
+        "fifo-short",
+        "fifo-long",
+    ]
+
+
+def _named(jobs: list[queue.Wire], name: str) -> queue.Wire:
+    return next(w for w in jobs if w["metadata"]["name"] == name)
+
+
 def test_what_pending_jobs_wait_for() -> None:
     jobs = [
         _job("a", dependsOn=["x", "y"]),
