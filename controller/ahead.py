@@ -9,21 +9,14 @@ Job waits again rather than every Job bound ahead moving one place along.
 
 A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its agent
 takes it: it starts now if its GPUs have freed and still suit it (`_own_free`), stays where it
-is while it may, unless busy GPUs elsewhere free in half the time (`_sooner_elsewhere`), or
-gives its place up (`_release`). `BindingAhead` adds those attempts, in
+is while it may, or gives its place up (`_release`). `BindingAhead` adds those attempts, in
 queue order, to the GPUs' state (`capacity`); `placement`'s planner is built on it.
 """
 
-import dataclasses
 from collections.abc import Iterable
 from datetime import datetime
 
 from controller import capacity, fitindex, snapshot
-
-# A Job bound ahead moves to other busy GPUs only where, by the estimated ends, it would wait at
-# most this share of its wait where it is: estimates are rough (a deadline is an upper bound),
-# and each move rewrites a Binding and may cancel a supervisor armed ahead of time.
-MOVE_WAIT_SHARE = 0.5
 
 
 class BindingAhead(capacity.Capacity):
@@ -113,18 +106,14 @@ class BindingAhead(capacity.Capacity):
             return None if best is None else self._queue(request, best[0], best[1])
         options = []
         groups = static.takeable
-        if own_only:  # its own place, the GPUs it is bound ahead to; or one clearly sooner
+        if own_only:  # only its own place: the GPUs it is bound ahead to
             own = self._places_of(request.queued)
             own = [
                 s
                 for s in own
                 if snapshot.at(s) in static.members and capacity.could_take(s, request)
             ]
-            kept = self._ahead_option(own, request, wanted, own_only=True)
-            if kept is None:
-                return None
-            sooner = self._sooner_elsewhere(request, pool, static, kept[1])
-            return self._queue(request, *(sooner or (request.queued.node, kept[1])))
+            groups = [(request.queued.node, own)]
         for name, takeable in groups:
             found = self._ahead_option(takeable, request, wanted, own_only=own_only)
             if found is not None:
@@ -133,36 +122,6 @@ class BindingAhead(capacity.Capacity):
             return None
         _, name, chosen = min(options, key=lambda o: (o[0], o[1]))
         return self._queue(request, name, chosen)
-
-    def _sooner_elsewhere(
-        self,
-        request: snapshot.Request,
-        pool: snapshot.Pool,
-        static: snapshot.Static,
-        own: list[snapshot.Slot],
-    ) -> tuple[str, list[snapshot.Slot]] | None:
-        """The busy GPUs where a Job bound ahead to `own` would wait at most MOVE_WAIT_SHARE
-        of its wait there, by the estimated ends, if the best place a Job of its shape could
-        be bound ahead to is such; None where an estimate is missing. Without this a Job kept
-        its place behind a job that ran for days while Jobs behind it in the queue took the
-        places that freed sooner (the Philly replay's long jobs)."""
-        own_start = _start(own)
-        if own_start is None or own_start <= self.now:
-            return None
-        # As a Job that holds no place yet sees them (the shape's index is shared with those).
-        placeless = dataclasses.replace(request, queued=None)
-
-        def option(name: str, takeable: list[snapshot.Slot]) -> fitindex.Option | None:
-            return self._ahead_option(takeable, placeless, int(request.gpus), own_only=False)
-
-        index = self.indexes.index(("ahead", *self._shape(request, pool)), static.takeable, option)
-        best = next(self.indexes.best(index, []), None)
-        if best is None:
-            return None
-        start = _start(best[1])
-        if start is None or start - self.now > (own_start - self.now) * MOVE_WAIT_SHARE:
-            return None
-        return best
 
     def _ahead_option(
         self,
@@ -210,7 +169,8 @@ class BindingAhead(capacity.Capacity):
     ) -> snapshot.Decision:
         self._release(request)
         after: list[snapshot.Allocation | snapshot.Request] = []
-        start = _start(chosen)
+        frees = [slot.free_at for slot in chosen]
+        start = None if None in frees else max(f for f in frees if f is not None)
         ends = (
             None
             if start is None or request.runtime is None
@@ -230,12 +190,6 @@ class BindingAhead(capacity.Capacity):
             request,
             placement=snapshot.Placement(request, node, indices, 1.0, after=tuple(after)),
         )
-
-
-def _start(slots: list[snapshot.Slot]) -> datetime | None:
-    """When the last of the GPUs frees, by the estimated ends; None where one is unknown."""
-    frees = [slot.free_at for slot in slots]
-    return None if None in frees else max(f for f in frees if f is not None)
 
 
 def _open(slot: snapshot.Slot) -> bool:
