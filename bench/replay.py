@@ -1,16 +1,25 @@
 """Trace replay: a job trace through the real controller and virtual nodes, and how it went.
 
 `python -m bench replay TRACE.csv [--nodes 8] [--gpus-per-node 8] [--time-scale 3600]
-[--limit 500] [--oversize clip|skip] [--db URL] [--json]` starts `gctl controller run` and
+[--limit 500] [--oversize clip|skip] [--queue-order LongestFirst|FIFO] [--bind-ahead] [--db URL]
+[--json]` starts `gctl controller run` and
 `gctl agent run --simulate` (bench.sim) on a scratch database, submits each job of the trace
 when its `submit_s`, divided by the time scale, has passed (as a Job whose
 `gctl/simulated-duration` is its `duration_s`), waits until all have finished, and reports in
 trace seconds: makespan, mean/p95 job completion time, mean/p95 queueing delay, GPU
 utilization, and the lower bound on makespan (bench.trace.lower_bound) with the ratio; beside
 them, the makespans of two ideal, zero-latency schedulers (bench.trace): first come, first
-served with backfill (`fifo_makespan`), and EASY backfilling that knows every run time
-(`easy_makespan`, gctl's reservation made clairvoyant). They tell the policy's share of the gap
-from gctl's.
+served with backfill (`fifo_makespan`), EASY backfilling that knows every run time
+(`easy_makespan`, gctl's reservation made clairvoyant), and the same taking the longest job
+first (`longest_first_makespan`). They tell the policy's share of the gap from gctl's.
+
+The Jobs go to a GPUPool `default` whose `queueOrder` is `--queue-order` (LongestFirst unless
+told otherwise) and which binds nothing ahead unless `--bind-ahead` is given (`bindAhead:
+false`, as docs/scheduling.md advises for long jobs), and each declares a time limit,
+activeDeadlineSeconds, of twice its scaled run time plus a second, rounded up: generous, as a
+Slurm user gives `--time`, and never reached. In a LongestFirst pool the longest limit starts
+first; the limits also give the scheduler the end times its reservations and estimates work
+from.
 
 Times are measured, not simulated: a job's submission is its Job's creation time, its start and
 finish are its Binding's (the virtual agent writes the exact simulated finish), each converted
@@ -18,12 +27,16 @@ to trace seconds by multiplying by the time scale. So the control plane's own la
 figures, magnified by the scale: at 3600, 10 ms of latency is 36 trace seconds.
 
 The suite's `replay` entry replays the first 500 jobs of the Philly trace on 8 nodes x 8 GPUs at
-a time scale of 14400 (under a minute), and its budget is a makespan within 10% of the bound.
+a time scale of 3600 (two minutes), and its budget is a makespan within 10% of the bound. At
+14400 it would take 40 s, but a millisecond of latency is then 14 trace seconds, and the 20 ms
+between a job's submission and its start can decide where a 20-hour job lands and with it when
+an 89-hour one gets a whole node (docs/decisions.md): a quarter of that is still 5 trace minutes.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,21 +47,29 @@ from typing import Any
 from bench import jobs as job_benchmarks
 from bench import sim, trace
 from bench.store import BenchError, Context, Result, progress
-from gctl.api import binding, job, meta
+from gctl.api import binding, job, meta, pool, queue
 from gctl.store import db, store
 
 PHILLY = Path(__file__).parent / "traces" / "philly-2017-11-20-3000.csv"  # CC BY 4.0
-SUITE_LIMIT, SUITE_TIME_SCALE = 500, 14400.0
+SUITE_LIMIT, SUITE_TIME_SCALE = 500, 3600.0
 DEFAULT_LIMIT, DEFAULT_TIME_SCALE = 500, 3600.0
 RATIO_BUDGET = 1.10
 TRACE_ANNOTATION = "gctl/trace-job-id"
 FINISH_SLACK_S = 120.0
 
 
-def _submit(database: db.Database, jobs: Sequence[tuple[str, trace.TraceJob]]) -> None:
+def time_limit(duration: float, scale: float) -> int:
+    """The activeDeadlineSeconds a replayed job declares: twice its real run time plus a
+    second, rounded up (the deadline must not end a job the trace lets finish)."""
+    return math.ceil(2 * duration / scale + 1)
+
+
+def _submit(
+    database: db.Database, jobs: Sequence[tuple[str, trace.TraceJob]], scale: float
+) -> None:
     made = []
     for name, j in jobs:
-        new = sim.simulated_job(name, j.duration, j.gpus)
+        new = sim.simulated_job(name, j.duration, j.gpus, time_limit(j.duration, scale))
         new.metadata.annotations[TRACE_ANNOTATION] = j.job_id
         made.append(new)
     with database.write() as session:
@@ -69,7 +90,7 @@ def _submit_on_time(rig: sim.Cluster, jobs: Sequence[trace.TraceJob], scale: flo
         while index < len(jobs) and (jobs[index].submit - first) / scale <= elapsed:
             batch.append((f"t{index:05d}", jobs[index]))
             index += 1
-        _submit(rig.database, batch)
+        _submit(rig.database, batch, scale)
 
 
 def _records(database: db.Database, origin: datetime, scale: float) -> list[trace.Record]:
@@ -110,13 +131,25 @@ def replay(
     nodes: int,
     gpus_per_node: int,
     scale: float,
+    queue_order: str = queue.LONGEST_FIRST,
+    bind_ahead: bool = False,
 ) -> trace.Metrics:
-    """Run the jobs through the controller and virtual nodes; the metrics in trace seconds."""
+    """Run the jobs through the controller and virtual nodes, in a GPUPool `default` of
+    `queue_order` and `bind_ahead`; the metrics in trace seconds."""
     total = nodes * gpus_per_node
     bound = trace.lower_bound(jobs, total)
     names = [f"t{index:05d}" for index in range(len(jobs))]
     with sim.cluster(url, root, nodes, gpus_per_node, scale) as rig:
-        progress(f"replay: {len(jobs)} jobs, ideal {bound / scale:.1f} s at time scale {scale:g}")
+        # Long jobs: nothing bound ahead, so that each GPU that frees goes to the queue's first.
+        spec = pool.GPUPoolSpec(queue_order=queue_order, bind_ahead=bind_ahead)
+        with rig.database.write() as session:
+            store.Store(session).create(
+                pool.GPUPool(metadata=meta.ObjectMeta(name=queue.DEFAULT_POOL), spec=spec)
+            )
+        progress(
+            f"replay: {len(jobs)} jobs ({queue_order}), ideal {bound / scale:.1f} s at time "
+            f"scale {scale:g}"
+        )
         origin = meta.utcnow()
         _submit_on_time(rig, jobs, scale)
         timeout = bound / scale * 3 + FINISH_SLACK_S
@@ -132,6 +165,7 @@ def replay(
         trace.metrics(records, total, bound, start=0.0),  # `origin`: the submissions began
         fifo_makespan=trace.fifo_makespan(jobs, nodes, gpus_per_node),
         easy_makespan=trace.easy_makespan(jobs, nodes, gpus_per_node),
+        longest_first_makespan=trace.longest_first_makespan(jobs, nodes, gpus_per_node),
     )
 
 
@@ -149,6 +183,7 @@ def report(metrics: trace.Metrics) -> dict[str, float | int]:
         "gpu_utilization": round(metrics.utilization, 4),
         "fifo_reference_makespan_s": round(metrics.fifo_makespan, 1),
         "easy_reference_makespan_s": round(metrics.easy_makespan, 1),
+        "longest_first_reference_makespan_s": round(metrics.longest_first_makespan, 1),
     }
 
 
@@ -159,6 +194,7 @@ def print_table(metrics: trace.Metrics) -> None:
         ("lower bound on makespan", metrics.lower_bound),
         ("ideal FIFO's makespan", metrics.fifo_makespan),
         ("ideal EASY's makespan", metrics.easy_makespan),
+        ("ideal LongestFirst's", metrics.longest_first_makespan),
         ("mean JCT", metrics.jct_mean),
         ("p95 JCT", metrics.jct_p95),
         ("mean queueing delay", metrics.queueing_mean),
@@ -198,6 +234,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default="clip",
         help="jobs asking more GPUs than a node has: ask for a whole node (clip, the "
         "default) or leave them out (skip)",
+    )
+    parser.add_argument(
+        "--queue-order",
+        choices=(queue.LONGEST_FIRST, queue.FIFO),
+        default=queue.LONGEST_FIRST,
+        help="the pool's queueOrder: the longest time limit first (the default), or the oldest",
+    )
+    parser.add_argument(
+        "--bind-ahead",
+        action="store_true",
+        help="let the pool bind Jobs ahead to busy GPUs (bindAhead: true; default off)",
     )
     parser.add_argument("--db", metavar="URL", help="PostgreSQL admin URL (default: SQLite)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -240,25 +287,28 @@ def main(argv: Sequence[str]) -> int:
                 nodes=args.nodes,
                 gpus_per_node=args.gpus_per_node,
                 scale=args.time_scale,
+                queue_order=args.queue_order,
+                bind_ahead=args.bind_ahead,
             )
         except BenchError as exc:
             print(f"bench replay: {exc}", file=sys.stderr)
             return 1
     print(
         f"replay of {args.trace.name}: {metrics.jobs} jobs on {args.nodes} nodes x "
-        f"{args.gpus_per_node} GPUs, time scale {args.time_scale:g}"
+        f"{args.gpus_per_node} GPUs, time scale {args.time_scale:g}, {args.queue_order}"
     )
     print_table(metrics)
     if args.json:
         summary: dict[str, Any] = report(metrics)
         summary |= {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node}
         summary |= {"time_scale": args.time_scale, "trace": str(args.trace)}
+        summary |= {"queue_order": args.queue_order, "bind_ahead": args.bind_ahead}
         print(json.dumps(summary))
     return 0
 
 
 def bench_replay(ctx: Context) -> list[Result]:
-    """The suite's entry: the Philly slice's first 500 jobs, 8 x 8 GPUs, time scale 14400."""
+    """The suite's entry: the Philly slice's first 500 jobs, 8 x 8 GPUs, time scale 3600."""
     if not PHILLY.exists():
         raise BenchError(f"no trace at {PHILLY}")
     jobs = load(PHILLY, SUITE_LIMIT, 8, "clip")
@@ -286,6 +336,14 @@ def bench_replay(ctx: Context) -> list[Result]:
             None,
             kind="info",
             note="EASY backfilling, every run time known",
+        ),
+        Result(
+            "replay-longest-first-reference",
+            hours(metrics.longest_first_makespan),
+            "h",
+            None,
+            kind="info",
+            note="the same, longest first",
         ),
         Result("replay-jct-mean", hours(metrics.jct_mean), "h", None, kind="info"),
         Result("replay-jct-p95", hours(metrics.jct_p95), "h", None, kind="info"),

@@ -46,11 +46,18 @@ class Cluster:
         return BenchError(f"{what} ({', '.join(states)}; logs in {self.logs})")
 
 
-def simulated_job(name: str, seconds: float, gpus: float = 1) -> job.Job:
-    """A Job whose virtual attempt lasts `seconds` of simulated time; its command never runs."""
+def simulated_job(
+    name: str, seconds: float, gpus: float = 1, time_limit: int | None = None
+) -> job.Job:
+    """A Job whose virtual attempt lasts `seconds` of simulated time; its command never runs.
+    `time_limit`: its activeDeadlineSeconds, in real seconds."""
     return job.Job(
         metadata=meta.ObjectMeta(name=name, annotations={DURATION_ANNOTATION: f"{seconds:g}"}),
-        spec=job.JobSpec(command="true", resources=job.Resources(gpus=gpus)),
+        spec=job.JobSpec(
+            command="true",
+            resources=job.Resources(gpus=gpus),
+            active_deadline_seconds=time_limit,
+        ),
     )
 
 

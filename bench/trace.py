@@ -51,6 +51,7 @@ class Metrics:
     utilization: float  # GPU-seconds used / (GPUs x makespan), 0..1
     fifo_makespan: float = math.nan  # an ideal FIFO scheduler's, for reference
     easy_makespan: float = math.nan  # EASY backfilling's with run times known, the same
+    longest_first_makespan: float = math.nan  # the same, longest job first
 
     @property
     def ratio(self) -> float:
@@ -157,8 +158,20 @@ def easy_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> f
     return _list_schedule(jobs, nodes, gpus_per_node, reserve=True)
 
 
+def longest_first_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> float:
+    """The makespan of `easy_makespan`'s scheduler taking the longest waiting job first (the
+    LPT rule), for reference: a GPUPool with `queueOrder: LongestFirst` whose Jobs declare
+    their exact run times as time limits, with no latency."""
+    return _list_schedule(jobs, nodes, gpus_per_node, reserve=True, longest_first=True)
+
+
 def _list_schedule(
-    jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int, *, reserve: bool
+    jobs: Sequence[TraceJob],
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    reserve: bool,
+    longest_first: bool = False,
 ) -> float:
     if not jobs:
         return 0.0
@@ -179,6 +192,8 @@ def _list_schedule(
         while index < len(ordered) and ordered[index].submit <= now:
             waiting.append(ordered[index])
             index += 1
+        if longest_first:
+            waiting.sort(key=lambda j: -j.duration)  # stable: the oldest first among equals
         left = []
         held: list[float] | None = None  # the reservation: its start, its node, GPUs to spare
         for j in waiting:

@@ -193,8 +193,13 @@ def test_bench_replay_prints_the_metrics_as_json(tmp_path: Path) -> None:
     assert figures["jobs"] == 5
     assert figures["lower_bound_s"] == 550  # job 4: submitted at 150, runs 400 s
     assert figures["makespan_s"] >= figures["lower_bound_s"]
-    for reference in ("fifo_reference_makespan_s", "easy_reference_makespan_s"):
+    for reference in (
+        "fifo_reference_makespan_s",
+        "easy_reference_makespan_s",
+        "longest_first_reference_makespan_s",
+    ):
         assert figures[reference] >= figures["lower_bound_s"]
+    assert (figures["queue_order"], figures["bind_ahead"]) == ("LongestFirst", False)
     for key in ("jct_mean_s", "jct_p95_s", "queueing_delay_mean_s", "queueing_delay_p95_s"):
         assert figures[key] >= 0
     assert 0 < figures["gpu_utilization"] <= 1

@@ -140,3 +140,19 @@ def test_the_easy_reference_lets_a_long_job_use_the_gpus_the_reserved_one_will_n
         trace.TraceJob("d", 0, 1000, 2),  # outlasts 100, but on those 2: it starts at once
     ]
     assert trace.easy_makespan(jobs, nodes=1, gpus_per_node=8) == 1000
+
+
+def test_the_longest_first_reference_starts_the_longest_waiting_job_first() -> None:
+    jobs = [
+        trace.TraceJob("a", 0, 10, 1),  # holds the one GPU until 10; then b, c and d wait
+        trace.TraceJob("b", 1, 5, 1),
+        trace.TraceJob("c", 2, 5, 1),
+        trace.TraceJob("d", 3, 50, 1),
+    ]
+    # Oldest first: b 10-15, c 15-20, d 20-70. Longest first: d 10-60, then b and c: 70 too,
+    # on one GPU; with two GPUs the long job starting first is what counts.
+    assert trace.easy_makespan(jobs, nodes=1, gpus_per_node=1) == 70
+    assert trace.longest_first_makespan(jobs, nodes=1, gpus_per_node=1) == 70
+    two = [trace.TraceJob("x", 0, 10, 2), *jobs[1:]]  # x holds both GPUs until 10
+    assert trace.easy_makespan(two, nodes=1, gpus_per_node=2) == 65  # b, c 10-15, d 15-65
+    assert trace.longest_first_makespan(two, nodes=1, gpus_per_node=2) == 60  # d 10-60
