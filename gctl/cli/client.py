@@ -4,10 +4,10 @@ Every `gctl` process pays for the same start before it does anything: Python, th
 pydantic and the models, YAML, the database driver (100-300 ms on a 2-core machine, against
 about 20 ms for the work of `gctl apply` of one Job). A per-user command server
 (gctl.cli.cmdserver) keeps those modules imported and forks a child for each command. The child
-takes over this process's arguments, working directory, environment, umask, ignored signals and
-standard streams, passed to it over a Unix socket, and runs the command as this process would
-have; this process relays signals to it and exits with its status. Mercurial's chg does the same
-for hg.
+takes over this process's arguments, working directory, environment, umask, ignored and blocked
+signals and standard streams, passed to it over a Unix socket, and runs the command as this
+process would have; this process relays signals to it and exits with its status. Mercurial's
+chg does the same for hg.
 
 - Only short commands are served (SERVED). The daemons, and the options that make a command
   follow changes until it is stopped (STREAMING), run in this process, under the terminal's job
@@ -273,6 +273,7 @@ def _request(argv: Sequence[str]) -> "dict[str, Any]":
         "env": dict(os.environ),
         "umask": mask,
         "ignored": _ignored(),
+        "blocked": sorted(int(n) for n in signal.pthread_sigmask(signal.SIG_BLOCK, ())),
         "stdio": [[getattr(s, "encoding", None), getattr(s, "errors", None)] for s in streams],
     }
 

@@ -8,7 +8,7 @@ environment alone):
 2. imports what the served commands use (PRELOAD), then freezes those objects out of the cycle
    collector's sight, so that children do not copy the pages it would touch;
 3. serves: for each connection from a process of its own identity (client.identity, read from
-   /proc), reads the request (arguments, environment, umask, ignored signals, stream
+   /proc), reads the request (arguments, environment, umask, ignored and blocked signals, stream
    encodings; the three standard streams and the working directory come as descriptors)
    without waiting on a slow client, forks a child, tells the client the child's pid, and
    only then lets the child run the command (a child whose pid never reached its client runs
@@ -39,7 +39,7 @@ import struct
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -127,6 +127,7 @@ class Request:
     env: dict[str, str]
     umask: int
     ignored: list[int]
+    blocked: list[int]  # the client's signal mask
     stdio: list[tuple[str | None, str | None]]
     fds: list[int]  # 0-2 and the working directory
 
@@ -139,7 +140,8 @@ class Request:
         argv = [str(word) for word in message["argv"]]
         env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         ignored = [int(n) for n in message["ignored"] if int(n) in client.RELAYED]
-        return cls(argv, env, int(message["umask"]), ignored, stdio, fds)
+        blocked = [int(n) for n in message["blocked"] if 0 < int(n) < signal.NSIG]
+        return cls(argv, env, int(message["umask"]), ignored, blocked, stdio, fds)
 
     def close(self) -> None:
         for fd in self.fds:
@@ -176,10 +178,11 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _take_over(request: Request, mask: Iterable[int]) -> None:
+def _take_over(request: Request) -> None:
     """The client's process state, in the child: streams, directory, umask, environment,
-    arguments, signal dispositions (its ignored ones too); then the signals the server
-    blocked for the fork come through."""
+    arguments, signal dispositions (its ignored ones too); then its signal mask, so that the
+    signals the server blocked for the fork come through (and those the client blocks stay
+    blocked, whatever the process that started the server blocked)."""
     *stdio, here = request.fds
     for fd, received in enumerate(stdio):
         os.dup2(received, fd)
@@ -197,14 +200,14 @@ def _take_over(request: Request, mask: Iterable[int]) -> None:
         signal.signal(ignored, signal.SIG_IGN)
     signal.set_wakeup_fd(-1)
     _streams(request.stdio)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request.blocked)
 
 
-def become(request: Request, mask: Iterable[int]) -> NoReturn:
+def become(request: Request) -> NoReturn:
     """In the child: take over the client's process state, run the command, exit."""
     code = 1
     try:
-        _take_over(request, mask)
+        _take_over(request)
         from gctl.cli import main as cli
 
         cli.main()
@@ -409,7 +412,7 @@ class Server:
             if not os.read(go_read, 1):
                 os._exit(0)
             os.close(go_read)
-            become(request, mask)
+            become(request)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(go_read)
         request.close()
@@ -526,6 +529,8 @@ def _wakeup() -> tuple[socket.socket, socket.socket]:
 
 def main() -> None:
     path = sys.argv[1]
+    # Whatever the gctl that started it had blocked (the server's own SIGTERM among them).
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     lock = _take_lock(path)
     if lock is None:
         return

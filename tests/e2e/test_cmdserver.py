@@ -172,6 +172,51 @@ def test_a_signal_to_the_caller_ends_its_command(local: Gctl, sent: int, code: i
     assert local.ok("get", "jobs", "-o", "name") == ""
 
 
+def test_a_command_has_its_callers_signal_mask_not_the_servers(
+    local: Gctl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server inherits the signal mask of the process that started it, whichever that was:
+    one started by a gctl with SIGINT blocked (a job's supervisor, a thread of a program that
+    blocks it) gave every command it served SIGINT blocked, so that Ctrl-C never ended them."""
+    where = tmp_path / "servers"
+    where.mkdir(mode=0o700)
+    monkeypatch.setenv(client.DIR_ENV, str(where))
+    try:
+        blocked = subprocess.run(
+            [GCTL_BIN, "version"],
+            env=local.env(),
+            cwd=local.cwd,
+            capture_output=True,
+            timeout=WAIT_S,
+            check=True,
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}),
+        )
+        assert blocked.returncode == 0
+        server = warm(local)
+        assert _blocked(server) == 0
+        with waiting_apply(local) as process:
+            child = served_child(server, local.cwd)
+            until(lambda: _blocked(child) == 0, "the caller's empty mask", WAIT_S)
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=WAIT_S) == 130
+            wait_gone(child)
+        usr1 = {signal.SIGUSR1}
+        with waiting_apply(local, before=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, usr1)):
+            child = served_child(server, local.cwd)
+            usr1_only = 1 << (signal.SIGUSR1 - 1)
+            until(lambda: _blocked(child) == usr1_only, "the caller's SIGUSR1 blocked", WAIT_S)
+    finally:
+        cmdserver.stop_all(str(where))
+
+
+def _blocked(pid: int) -> int:
+    """The process's blocked signals, as a bit mask (signal n is bit n - 1)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigBlk for {pid}")
+
+
 def test_a_stopped_caller_stops_its_command(local: Gctl) -> None:
     """Ctrl-Z and `fg`. The caller leads a group whose parent (the test) is in another group
     of its session, so that the group is not orphaned: an orphaned group is not stopped by
@@ -337,6 +382,7 @@ def test_a_child_whose_pid_never_reached_its_client_runs_nothing(tmp_path: Path)
         ["gctl", "apply", "-f", str(manifest)],
         {**os.environ, "GCTL_DB": url},
         0o022,
+        [],
         [],
         [("utf-8", "strict")] * 3,
         fds,
