@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gctl.api import job, sweep
+from gctl.api import job, meta, pool, sweep
 from gctl.store import db
 from tests.builders import make_job
 from tests.conftest import Gctl
@@ -91,3 +91,35 @@ def test_describe_numbers_the_queue_as_get_does(gctl: Gctl) -> None:
         out = gctl.ok("describe", "job", held)
         assert "Queue:" not in out, held
         assert "Queue Position" not in out, held
+
+
+@pytest.mark.parametrize("scope", [[], ["-n", "default"]])
+def test_a_longest_first_pool_is_numbered_longest_first(
+    gctl: Gctl, database: db.Database, scope: list[str]
+) -> None:
+    """`get jobs -o wide` and `describe job` number a LongestFirst pool's queue by time limit
+    (none counts as longest), as the scheduling pass orders it; a FIFO pool beside it keeps
+    its order."""
+    spec = pool.GPUPoolSpec(queue_order="LongestFirst")
+    put(database, pool.GPUPool(metadata=meta.ObjectMeta(name="batch"), spec=spec))
+    for name, limit, where in (
+        ("short", 60, "batch"),
+        ("long", 3600, "batch"),
+        ("open", None, "batch"),
+        ("fifo-short", 60, None),
+        ("fifo-long", 3600, None),
+    ):
+        made = _pending(name)
+        made.spec.active_deadline_seconds = limit
+        made.spec.pool = where
+        put(database, made)  # one at a time: each is older than the next
+    positions = _positions(gctl.ok("get", "jobs", "-o", "wide", *scope))
+    assert positions == {
+        "short": "3",
+        "long": "2",
+        "open": "1",
+        "fifo-short": "1",
+        "fifo-long": "2",
+    }
+    assert "Queue:        position 2 in pool batch" in gctl.ok("describe", "job", "long")
+    assert "Queue:        position 3 in pool batch" in gctl.ok("describe", "job", "short")

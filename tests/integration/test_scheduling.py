@@ -319,6 +319,35 @@ def test_a_longest_first_pool_starts_the_longest_time_limit_first(database: db.D
     ]
 
 
+def test_a_longest_first_pool_estimates_its_queue_longest_first(database: db.Database) -> None:
+    """The pass's own order in a LongestFirst pool, as its estimates show it: the longest time
+    limit starts first, each as the one before it ends; the queue numbered the same way."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        spec = pool.GPUPoolSpec(bind_ahead=False, queue_order="LongestFirst")
+        writer.create(pool.GPUPool(metadata=meta.ObjectMeta(name="default"), spec=spec))
+        for name, limit in (("short", 60), ("busy", 7200), ("medium", 600), ("long", 3600)):
+            new = make_job(name).build()
+            new.spec.active_deadline_seconds = limit
+            writer.create(new)
+    _settle(database)
+    assert _job(database, "busy").status.phase == "Scheduled"  # the longest of all
+    start = T0 + timedelta(seconds=7200)
+    with database.read() as session:
+        reader = store.Store(session)
+        orders = queue.orders(reader.list_wire(pool.GPUPool))
+        places = queue.positions(reader.pending_wires(), T0, set(), orders)
+    assert {name: place for (_, name), place in places.items()} == {
+        "long": 1,
+        "medium": 2,
+        "short": 3,
+    }
+    assert [
+        _job(database, name).status.estimated_start_time for name in ("long", "medium", "short")
+    ] == [start, start + timedelta(seconds=3600), start + timedelta(seconds=4200)]
+
+
 def test_limits_leave_the_rest_to_the_next_pass(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)
