@@ -1,7 +1,8 @@
 """Where Jobs fit: one pure planning pass over a snapshot, so tests drive it with plain objects.
 
-`plan(snapshot, requests, now)` walks the queue in order (priority, then submission time, then
-name) and decides each request in numbered steps:
+`plan(snapshot, requests, now)` walks the queue in order (priority, then, in a `LongestFirst`
+pool, the longest time limit, then submission time, then name: `snapshot.queue_key`) and
+decides each request in numbered steps:
 
 1. filter: the GPUs that could ever take it (pool, pinned placement, Ready node, not cordoned or
    draining, model, size, the pool's utilization and memory thresholds);
