@@ -18,8 +18,9 @@ told otherwise) and which binds nothing ahead unless `--bind-ahead` is given (`b
 false`, as docs/scheduling.md advises for long jobs), and each declares a time limit,
 activeDeadlineSeconds, of twice its scaled run time plus a second, rounded up: generous, as a
 Slurm user gives `--time`, and never reached. In a LongestFirst pool the longest limit starts
-first; the limits also give the scheduler the end times its reservations and estimates work
-from.
+first, and these limits rank the jobs exactly as their run times do, as no user's estimates
+quite would; the limits also give the scheduler the end times its reservations and estimates
+work from.
 
 Times are measured, not simulated: a job's submission is its Job's creation time, its start and
 finish are its Binding's (the virtual agent writes the exact simulated finish), each converted
@@ -30,7 +31,8 @@ The suite's `replay` entry replays the first 500 jobs of the Philly trace on 8 n
 a time scale of 3600 (two minutes), and its budget is a makespan within 10% of the bound. At
 14400 it would take 40 s, but a millisecond of latency is then 14 trace seconds, and the 20 ms
 between a job's submission and its start can decide where a 20-hour job lands and with it when
-an 89-hour one gets a whole node (docs/decisions.md): a quarter of that is still 5 trace minutes.
+an 89-hour one gets a whole node (docs/decisions.md); at 3600 the same 20 ms is 72 trace
+seconds.
 """
 
 import argparse

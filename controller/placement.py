@@ -1,8 +1,9 @@
 """Where Jobs fit: one pure planning pass over a snapshot, so tests drive it with plain objects.
 
-`plan(snapshot, requests, now)` walks the queue in order (priority, then, in a `LongestFirst`
-pool, the longest time limit, then submission time, then name: `snapshot.queue_key`) and
-decides each request in numbered steps:
+`plan(snapshot, requests, now)` walks the pools' queues in order (each pool's by priority, then,
+in a `LongestFirst` pool, the longest time limit, then submission time, then name:
+`snapshot.queue_key`; the pools' together by their first Jobs' priority, then age:
+`queue_order`) and decides each request in numbered steps:
 
 1. filter: the GPUs that could ever take it (pool, pinned placement, Ready node, not cordoned or
    draining, model, size, the pool's utilization and memory thresholds);
@@ -39,6 +40,7 @@ is here. Step 4's choice of victims is `preemption`'s, and the checks and messag
 """
 
 import bisect
+import heapq
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -72,7 +74,7 @@ def plan(
     max_placements: int | None = None,
 ) -> Plan:
     """Decide every request, in queue order; stop after `max_placements` placements."""
-    ordered = sorted(requests, key=queue_key)
+    ordered = queue_order(requests)
     planner = _Planner(snapshot, now, [r.queued for r in ordered if r.queued is not None])
     decisions: list[Decision] = []
     placed = 0
@@ -83,6 +85,22 @@ def plan(
         placed += changes(decision)
         decisions.append(decision)
     return Plan(decisions)
+
+
+def queue_order(requests: Iterable[Request]) -> list[Request]:
+    """The requests in the order a pass decides them: each pool's queue in its own order
+    (`queue_key`), the pools' queues merged by the priority, then the age, of the Job each has
+    first. So a LongestFirst pool's newer long Jobs go ahead of its own older ones but not ahead
+    of an older Job of a FIFO pool that shares their GPUs; with FIFO pools only, it is the
+    queue sorted by `queue_key`."""
+    pools: dict[str, list[Request]] = {}
+    for request in requests:
+        pools.setdefault(request.pool, []).append(request)
+    for waiting in pools.values():
+        waiting.sort(key=queue_key)
+    if len(pools) == 1:
+        return next(iter(pools.values()))
+    return list(heapq.merge(*pools.values(), key=snapshot.age_key))
 
 
 def changes(decision: Decision) -> bool:

@@ -144,6 +144,11 @@ class Plan:
     complete: bool = True  # False: max_placements was reached and later requests wait a pass
 
 
+def age_key(request: Request) -> tuple[int, float, datetime, str, str]:
+    """`queue_key` as in a FIFO pool: how the pools' queues are merged (placement)."""
+    return queue.order_key(request.priority, request.created, request.name, request.namespace)
+
+
 def queue_key(request: Request) -> tuple[int, float, datetime, str, str]:
     """The order `gctl get jobs -o wide` numbers the queue in, too (gctl.api.queue)."""
     return queue.order_key(

@@ -385,6 +385,23 @@ def test_positions_count_per_pool_and_estimates_follow_known_end_times() -> None
     ]
 
 
+def test_pools_of_both_orders_sharing_gpus_take_turns_by_their_first_jobs_age() -> None:
+    """Each pool's queue in its own order; the queues merged by their first Jobs' priority and
+    age: a LongestFirst pool's new long Job does not go ahead of an older FIFO Job."""
+    shot = snapshot(
+        gpus("a", 1),
+        pools=[Pool("fifo", bind_ahead=False), Pool("lpt", queue_order="LongestFirst")],
+    )
+    requests = [
+        req("lpt-short", pool="lpt", created=T0, deadline=5, length=-5.0),
+        req("lpt-long", pool="lpt", created=T0 + timedelta(seconds=2), length=-3600.0),
+        req("old-fifo", pool="fifo", created=T0 + timedelta(seconds=1)),
+    ]
+    decisions = placement.plan(shot, requests, T0).decisions
+    assert [d.request.name for d in decisions] == ["old-fifo", "lpt-long", "lpt-short"]
+    assert at(decisions[0]) == ("a", (0,))
+
+
 def test_the_planner_stops_after_max_placements() -> None:
     result = placement.plan(
         snapshot(gpus("a", 4)), [req(f"j{i}") for i in range(4)], T0, max_placements=2
