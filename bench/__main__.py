@@ -208,13 +208,16 @@ def compile_bytecode() -> None:
         compileall.compile_dir(root / package, quiet=2)
 
 
+HELP = ("-h", "--help")  # `replay --help` is the replay's, not the suite's
+
+
 def is_trace(arg: str) -> bool:
     return arg.endswith(".csv") or Path(arg).is_file()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["replay"] and any(is_trace(arg) for arg in argv[1:]):
+    if argv[:1] == ["replay"] and any(is_trace(arg) or arg in HELP for arg in argv[1:]):
         return replay.main(argv[1:])  # `replay TRACE.csv ...`: a replay of one's own trace
     args = parse_args(argv)
     backend = "postgresql" if args.db else "sqlite"

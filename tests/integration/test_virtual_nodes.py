@@ -211,3 +211,20 @@ def test_bench_replay_names_a_missing_column(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "missing column 'duration_s'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_bench_replay_help_is_the_replays(flag: str) -> None:
+    """`python -m bench replay --help` shows the replay's flags, not the suite's usage."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "replay", flag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m bench replay")
+    for option in ("--nodes", "--gpus-per-node", "--time-scale", "--queue-order", "--bind-ahead"):
+        assert option in done.stdout
