@@ -196,17 +196,17 @@ def print_table(metrics: trace.Metrics) -> None:
         ("lower bound on makespan", metrics.lower_bound),
         ("ideal FIFO's makespan", metrics.fifo_makespan),
         ("ideal EASY's makespan", metrics.easy_makespan),
-        ("ideal LongestFirst's", metrics.longest_first_makespan),
+        ("ideal LongestFirst's makespan", metrics.longest_first_makespan),
         ("mean JCT", metrics.jct_mean),
         ("p95 JCT", metrics.jct_p95),
         ("mean queueing delay", metrics.queueing_mean),
         ("p95 queueing delay", metrics.queueing_p95),
     ]
-    print(f"{'METRIC':<26}{'TRACE SECONDS':>15}{'HOURS':>10}")
+    print(f"{'METRIC':<30}{'TRACE SECONDS':>15}{'HOURS':>10}")
     for name, seconds in rows:
-        print(f"{name:<26}{seconds:>15,.0f}{seconds / hours:>10.2f}")
-    print(f"{'makespan / lower bound':<26}{metrics.ratio:>15.3f}")
-    print(f"{'GPU utilization':<26}{metrics.utilization * 100:>14.1f}%")
+        print(f"{name:<30}{seconds:>15,.0f}{seconds / hours:>10.2f}")
+    print(f"{'makespan / lower bound':<30}{metrics.ratio:>15.3f}")
+    print(f"{'GPU utilization':<30}{metrics.utilization * 100:>14.1f}%")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

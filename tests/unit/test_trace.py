@@ -156,3 +156,29 @@ def test_the_longest_first_reference_starts_the_longest_waiting_job_first() -> N
     two = [trace.TraceJob("x", 0, 10, 2), *jobs[1:]]  # x holds both GPUs until 10
     assert trace.easy_makespan(two, nodes=1, gpus_per_node=2) == 65  # b, c 10-15, d 15-65
     assert trace.longest_first_makespan(two, nodes=1, gpus_per_node=2) == 60  # d 10-60
+
+
+def test_replay_table_names_every_makespan_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each reference makespan's label is printed whole ("ideal LongestFirst's" lost its noun),
+    and the figures stay in one column."""
+    from bench import replay
+
+    metrics = trace.Metrics(
+        jobs=3,
+        makespan=7300.0,
+        lower_bound=7260.0,
+        jct_mean=4000.0,
+        jct_p95=7200.0,
+        queueing_mean=1800.0,
+        queueing_p95=4500.0,
+        utilization=0.78,
+        fifo_makespan=7260.0,
+        easy_makespan=7260.0,
+        longest_first_makespan=7260.0,
+    )
+    replay.print_table(metrics)
+    lines = capsys.readouterr().out.splitlines()
+    labels = [line.split("  ")[0] for line in lines]
+    for name in ("FIFO", "EASY", "LongestFirst"):
+        assert f"ideal {name}'s makespan" in labels
+    assert len({len(line) for line in lines[:-2]}) == 1  # header and the seconds rows align
