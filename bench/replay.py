@@ -298,6 +298,7 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"replay of {args.trace.name}: {metrics.jobs} jobs on {args.nodes} nodes x "
         f"{args.gpus_per_node} GPUs, time scale {args.time_scale:g}, {args.queue_order}"
+        + (", binding ahead" if args.bind_ahead else "")
     )
     print_table(metrics)
     if args.json:
