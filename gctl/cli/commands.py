@@ -177,10 +177,12 @@ def _number_queue(
     back-off, waiting for a dependency) get none; what they depend on is read with `read`, as
     the pass looks it up (`queue.succeeded_among`)."""
     succeeded = queue.succeeded_among(queue.needed(jobs), read)
-    places = queue.positions(jobs, datetime.now(UTC), succeeded, queue.orders(pools))
+    orders = queue.orders(pools)
+    places = queue.positions(jobs, datetime.now(UTC), succeeded, orders)
     for wire in shown:
         if (key := queue.key(wire)) in places:
             wire["status"]["queuePosition"] = places[key]
+            wire["status"]["queueOrder"] = orders.get(queue.pool_of(wire), queue.FIFO)
 
 
 def _with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[views.Wire]:

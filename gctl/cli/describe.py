@@ -158,7 +158,9 @@ def _queue(wire: dict[str, Any], now: datetime) -> dict[str, str]:
             found["Waiting"] = f"{reason}: {message}" if reason and message else reason or message
         if (position := status.get("queuePosition")) is not None:
             pool = wire["spec"].get("pool") or "default"
-            found["Queue"] = f"position {position} in pool {pool}"
+            order = status.get("queueOrder")
+            by = " (longest time limit first)" if order == "LongestFirst" else ""
+            found["Queue"] = f"position {position} in pool {pool}{by}"
         if eta := status.get("estimatedStartTime"):
             when = cells.until(eta, now)
             found["Starts"] = f"{eta} ({when})" if when == "now" else f"{eta} (in {when})"

@@ -121,5 +121,8 @@ def test_a_longest_first_pool_is_numbered_longest_first(
         "fifo-short": "1",
         "fifo-long": "2",
     }
-    assert "Queue:        position 2 in pool batch" in gctl.ok("describe", "job", "long")
-    assert "Queue:        position 3 in pool batch" in gctl.ok("describe", "job", "short")
+    assert "Queue:        position 2 in pool batch (longest time limit first)\n" in gctl.ok(
+        "describe", "job", "long"
+    )
+    assert "Queue:        position 3 in pool batch (longest" in gctl.ok("describe", "job", "short")
+    assert "Queue:        position 2 in pool default\n" in gctl.ok("describe", "job", "fifo-long")
