@@ -74,6 +74,10 @@ PRELOAD = (
     "psycopg",
 )
 BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+# The signals a mask may name. Not all of 1..NSIG-1: glibc keeps 32 and 33 for itself, and a
+# client started with them blocked (by a raw rt_sigprocmask before its exec) reports them, which
+# pthread_sigmask refuses with a RuntimeWarning (an error under -W error).
+MASKABLE = frozenset(int(n) for n in signal.valid_signals())
 FDS = len(client.STDIO) + 1  # the standard streams and the working directory
 
 
@@ -140,7 +144,7 @@ class Request:
         argv = [str(word) for word in message["argv"]]
         env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         ignored = [int(n) for n in message["ignored"] if int(n) in client.RELAYED]
-        blocked = [int(n) for n in message["blocked"] if 0 < int(n) < signal.NSIG]
+        blocked = [int(n) for n in message["blocked"] if int(n) in MASKABLE]
         return cls(argv, env, int(message["umask"]), ignored, blocked, stdio, fds)
 
     def close(self) -> None:

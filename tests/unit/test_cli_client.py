@@ -105,6 +105,21 @@ def test_the_identity_tells_a_nicer_process_apart() -> None:
     assert nicer != same
 
 
+def test_a_requests_mask_keeps_only_the_signals_a_mask_may_name() -> None:
+    """glibc's own 32 and 33 (reported by a caller started with them blocked) would make the
+    child's pthread_sigmask warn on the command's stderr, or fail under -W error."""
+    message = {
+        "argv": ["gctl", "version"],
+        "env": {},
+        "umask": 0o022,
+        "ignored": [],
+        "blocked": [0, -1, 2, 10, 32, 33, 34, signal.SIGRTMAX, signal.NSIG],
+        "stdio": [["utf-8", "strict"]] * 3,
+    }
+    request = cmdserver.Request.parse(message, [-1] * cmdserver.FDS)
+    assert request.blocked == [2, 10, 34, int(signal.SIGRTMAX)]
+
+
 def test_a_socket_path_too_long_for_unix_sockets_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
