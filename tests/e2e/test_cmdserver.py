@@ -193,8 +193,8 @@ def test_a_command_has_its_callers_signal_mask_not_the_servers(
         )
         assert blocked.returncode == 0
         server = warm(local)
-        assert _blocked(server) == 0
-        with waiting_apply(local) as process:
+        assert _blocked(server) == 0  # the only server of `where`: the one gctl above started
+        with waiting_apply(local, before=_unblock_all) as process:
             child = served_child(server, local.cwd)
             until(lambda: _blocked(child) == 0, "the caller's empty mask", WAIT_S)
             process.send_signal(signal.SIGINT)
@@ -230,6 +230,10 @@ def test_a_caller_with_glibcs_own_signals_blocked_is_served_without_a_warning(
         out, err = process.communicate(MANIFEST, timeout=WAIT_S)
     assert child != process.pid
     assert (process.returncode, out, err) == (0, "job.gctl/piped created\n", "")
+
+
+def _unblock_all() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def _blocked(pid: int) -> int:
