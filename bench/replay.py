@@ -142,7 +142,8 @@ def replay(
     bound = trace.lower_bound(jobs, total)
     names = [f"t{index:05d}" for index in range(len(jobs))]
     with sim.cluster(url, root, nodes, gpus_per_node, scale) as rig:
-        # Long jobs: nothing bound ahead, so that each GPU that frees goes to the queue's first.
+        # Binding ahead only when asked: with long jobs a GPU that frees should go to the
+        # queue's first Job, not to one bound ahead to it (docs/scheduling.md).
         spec = pool.GPUPoolSpec(queue_order=queue_order, bind_ahead=bind_ahead)
         with rig.database.write() as session:
             store.Store(session).create(

@@ -189,7 +189,7 @@ def allocation_of(
         started = b.metadata.creation_timestamp
     ends = None
     run_started = parse_time(status.get("startTime"))
-    deadline = deadline_of(spec)
+    deadline = queue.time_limit(spec)
     if deadline is not None and run_started is not None:
         ends = run_started + timedelta(seconds=deadline)
     elif (usual := run_times.get(command_key(spec.get("command")))) and started is not None:
@@ -210,10 +210,6 @@ def allocation_of(
         uid=b.metadata.uid or "",
         queued=binding.movable(b.spec, b.status),
     )
-
-
-# A stored Job's activeDeadlineSeconds, where the plan can use it (gctl.api.queue).
-deadline_of = queue.time_limit
 
 
 def key(w: Wire) -> Key:
@@ -307,7 +303,7 @@ def request_of(w: Wire, world: World) -> placement.Request:
     pinned = tuple(pinned_spec["gpus"]) if pinned_spec.get("gpus") is not None else None
     if pinned is not None and problem is None:
         problem = _pin_mismatch(pinned, float(gpus), wanted_profile)
-    deadline = deadline_of(spec)
+    deadline = queue.time_limit(spec)
     runtime = world.run_times.get(command_key(spec.get("command"))) if world.run_times else None
     request = placement.Request(
         namespace=namespace,
