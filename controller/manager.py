@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import jobs, nodes, scheduling, sweeps
+from controller import jobs, nodes, reading, scheduling, sweeps
 from gctl.api import binding, errors, failures, job, meta, node, sweep
 from gctl.store import db, events, feed, store
 
@@ -92,16 +92,18 @@ class Controller:
             written[:] = [writer.written_revision]
             return due
 
+        aside = reading.SetAside(self._invalid)
         try:
             if key == SCHEDULE:  # its reads hold no writer back (scheduling.run)
-                due, revision = scheduling.run(self.db, now)
+                due, revision = scheduling.run(self.db, now, aside=aside)
                 written[:] = [revision]
             else:
                 due = store.transact(self.db, work)
         except errors.StoredInvalid as exc:
-            self._set_aside(exc)
-            due = None if exc.key == key else self.clock() + INVALID_RECHECK
+            due = self._invalid_met(key, exc)
             written.clear()
+        for invalid in aside.found:  # left out by the pass
+            self._set_aside(invalid)
         if key == SCHEDULE and written and written[0] is not None:
             self._passes.add(written[0])
         if key == SCHEDULE:  # a pass sees everything: when the one after it is due replaces
@@ -109,6 +111,18 @@ class Controller:
             heapq.heapify(self._timers)
         if due is not None:
             heapq.heappush(self._timers, (due, key))
+
+    def _invalid_met(self, key: Key, exc: errors.StoredInvalid) -> datetime | None:
+        """When to try `key` again after it met an object that does not validate: never for
+        that object itself (until it changes); at once for a scheduling pass that met a Job
+        for the first time (the next pass leaves it out); else in a minute."""
+        new = self._invalid.get(exc.key) != exc.resource_version
+        self._set_aside(exc)
+        if exc.key == key:
+            return None
+        if key == SCHEDULE and new and exc.key[0] == job.Job.KIND:
+            return self.clock()
+        return self.clock() + INVALID_RECHECK
 
     def _set_aside(self, exc: errors.StoredInvalid) -> None:
         """Say once per version that a stored object does not validate: a log line, and a

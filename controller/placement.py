@@ -121,6 +121,7 @@ class _Planner(ahead.BindingAhead):
     def __init__(self, world: Snapshot, now: datetime, movable: Iterable[Allocation] = ()) -> None:
         super().__init__(world, now, movable)
         self.pools = dict(world.pools)  # the default pool is added when first asked for
+        self.invalid_pools = world.invalid_pools
         # More of what this pass learnt about request shapes (`capacity` keeps the first).
         self.no_fit: set[tuple[object, ...]] = set()
         self.no_wait: set[tuple[object, ...]] = set()
@@ -203,6 +204,11 @@ class _Planner(ahead.BindingAhead):
             found = self.pools[DEFAULT_POOL] = Pool()  # the same one for every request
         if found is None:
             message = f'GPUPool "{request.pool}" not found: create it, or change spec.pool'
+            if (invalid := self.invalid_pools.get(request.pool)) is not None:
+                message = (
+                    f'GPUPool "{request.pool}" as stored does not validate ({invalid}): '
+                    "apply it again, fixed"
+                )
             return Decision(request, reason=job.REASON_POOL_NOT_FOUND, message=message)
         if 0 < request.gpus < 1 and not found.allow_fractions:
             message = (

@@ -11,23 +11,62 @@ import dataclasses
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import select
 
 from controller import placement
-from gctl.api import binding, job, kinds, node, pool, profile, quantity, queue, selection
-from gctl.store import shared, store, tables
+from gctl.api import (
+    binding,
+    errors,
+    job,
+    kinds,
+    meta,
+    node,
+    pool,
+    profile,
+    quantity,
+    queue,
+    selection,
+)
+from gctl.store import shared, store, stored, tables
 
 V = TypeVar("V")
+T = TypeVar("T", bound=meta.Resource)
 HISTORY = 200  # recent successful Jobs whose run times estimate start times
 RUN_TIMES_TTL = 10.0
 _RUN_TIMES: dict[str, tuple[float, dict[str, timedelta]]] = {}  # database -> (read at, times)
 
 Wire = dict[str, Any]
 Key = tuple[str, str]
+
+
+@dataclass
+class SetAside:
+    """Stored objects a pass leaves out because they do not validate (docs/decisions.md).
+
+    `versions`: those already reported, (kind, namespace, name) -> the resourceVersion that
+    failed; a Job among them has no place in the queue until it changes. `found`: those this
+    pass met and left out (a GPUPool, GPUProfile or Node as if it were not there, the Node of
+    an active Binding as if it were not Ready), for the caller to report."""
+
+    versions: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
+    found: list[errors.StoredInvalid] = field(default_factory=list)
+
+    def holds(self, w: Wire, kind: str = job.Job.KIND) -> bool:
+        """Whether the stored object `w` is set aside in the version read."""
+        if not self.versions:
+            return False
+        metadata = w["metadata"]
+        named = (kind, metadata.get("namespace", ""), metadata["name"])
+        return self.versions.get(named) == str(metadata.get("resourceVersion", ""))
+
+    def named(self, kind: str) -> dict[str, str]:
+        """The objects of a kind this pass left out: name -> what is wrong."""
+        return {exc.key[2]: exc.detail for exc in self.found if exc.key[0] == kind}
 
 
 @dataclass
@@ -41,29 +80,86 @@ class World:
     running: dict[Key, Wire]
     profiles: dict[str, profile.GPUProfileSpec]
     run_times: dict[str, timedelta]  # command -> median run time of its recent successes
+    # GPUProfiles left out because they do not validate: name -> what is wrong
+    invalid_profiles: dict[str, str] = field(default_factory=dict)
 
 
-def read_world(reader: store.Store) -> World:
-    pools = {p.name: pool_of(p) for p in reader.list_objects(pool.GPUPool)}
-    profiles = {p.name: p.spec for p in reader.list_objects(profile.GPUProfile)}
+def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
+    """The snapshot and what the pass writes from; objects that do not validate are left out,
+    and added to `aside.found`."""
+    aside = aside if aside is not None else SetAside()
+    pools = {p.name: pool_of(p) for p in _valid(reader, pool.GPUPool, aside)}
+    profiles = {p.name: p.spec for p in _valid(reader, profile.GPUProfile, aside)}
+    active, lost_nodes = _valid_active_bindings(reader, aside)
     nodes, gpus = [], []
-    for n in reader.shared_objects(node.Node):
+    for n in _valid(reader, node.Node, aside, shared_read=True):
+        if n.name in lost_nodes:
+            continue
         found, its_gpus = node_of(n)
         nodes.append(found)
         gpus.extend(its_gpus)
-    active = reader.shared_active_bindings()
     running = _jobs_of(reader, active)
     run_times = _recent_run_times(reader)
     allocations = [
         allocation_of(b, running.get((b.namespace, b.spec.job_name)), run_times) for b in active
     ]
     return World(
-        placement.Snapshot(nodes, gpus, pools, allocations),
+        placement.Snapshot(nodes, gpus, pools, allocations, aside.named(pool.GPUPool.KIND)),
         {(b.namespace, b.name): b for b in active},
         running,
         profiles,
         run_times,
+        aside.named(profile.GPUProfile.KIND),
     )
+
+
+def _valid(
+    reader: store.Store, cls: type[T], aside: SetAside, *, shared_read: bool = False
+) -> list[T]:
+    """Every object of a kind that validates, in the usual order. Only when one does not is
+    each validated alone, to leave that one out: a read costs nothing more until then."""
+    read: Callable[[type[T]], list[T]]
+    read = reader.shared_objects if shared_read else reader.list_objects
+    try:
+        return read(cls)
+    except errors.StoredInvalid:
+        return _validated_each(reader.list_wire(cls), cls, aside)
+
+
+def _validated_each(wires: list[Wire], cls: type[T], aside: SetAside) -> list[T]:
+    found = []
+    for w in wires:
+        try:
+            found.append(stored.validated(cls, w))
+        except errors.StoredInvalid as exc:
+            aside.found.append(exc)
+    return found
+
+
+def _valid_active_bindings(
+    reader: store.Store, aside: SetAside
+) -> tuple[list[binding.Binding], set[str]]:
+    """The active Bindings that validate, and the Nodes of those that do not: what such an
+    attempt holds is not known, so nothing new goes to its Node (it fails closed). One that
+    names no Node fails the pass, as before (StoredInvalid)."""
+    try:
+        return reader.shared_active_bindings(), set()
+    except errors.StoredInvalid:
+        pass
+    active, lost = [], set()
+    for w in reader.list_wire(binding.Binding):
+        status = w["status"] if isinstance(w["status"], dict) else {}
+        if status.get("phase", "Pending") not in binding.ACTIVE_PHASES:
+            continue
+        try:
+            active.append(stored.validated(binding.Binding, w))
+        except errors.StoredInvalid as exc:
+            where = w["spec"].get("node") if isinstance(w["spec"], dict) else None
+            if not isinstance(where, str):
+                raise
+            aside.found.append(exc)
+            lost.add(where)
+    return active, lost
 
 
 def ready(n: node.Node) -> bool:
@@ -267,7 +363,7 @@ def requests_of(wires: list[Wire], world: World) -> list[placement.Request]:
         if kept is not None and kept[0] is world.run_times:
             request = ranked(kept[1], world)  # its pool may have changed its queueOrder
         else:
-            request = request_of(w, world)
+            request = _request_or_invalid(w, world)
         if not w["spec"].get("resources", {}).get("profile"):
             REQUESTS.put(w, (world.run_times, request))
         found.append(request)
@@ -297,6 +393,12 @@ def request_of(w: Wire, world: World) -> placement.Request:
             f'GPUProfile "{wanted_profile}" not found: apply it, or set resources.gpus '
             "(and gpuMemory, gpuModel) on the Job",
         )
+        if (invalid := world.invalid_profiles.get(wanted_profile)) is not None:
+            problem = (
+                job.REASON_PROFILE_NOT_FOUND,
+                f'GPUProfile "{wanted_profile}" as stored does not validate ({invalid}): apply '
+                "it again, fixed",
+            )
     gpus = resources.get("gpus", found.gpus if found else 1)
     memory = resources.get("gpuMemory", found.gpu_memory if found else None)
     pinned_spec = spec.get("placement") or {}
@@ -323,10 +425,12 @@ def request_of(w: Wire, world: World) -> placement.Request:
     return ranked(request, world)
 
 
-def queued_requests(world: World) -> list[tuple[placement.Request, Wire]]:
+def queued_requests(
+    world: World, aside: SetAside | None = None
+) -> list[tuple[placement.Request, Wire]]:
     """The Jobs bound ahead whose agents have not taken them, or have armed them, as Requests
     the pass decides again (with their Jobs as stored); not those being stopped, suspended or
-    deleted: their attempts end as they are."""
+    deleted: their attempts end as they are; nor those set aside: they stay where they are."""
     found = []
     for allocation in world.snapshot.allocations:
         if not allocation.queued or allocation.stopping:
@@ -334,11 +438,30 @@ def queued_requests(world: World) -> list[tuple[placement.Request, Wire]]:
         w = world.running.get((allocation.namespace, allocation.job))
         if w is None or w["spec"].get("suspend") or w["metadata"].get("deletionTimestamp"):
             continue
+        if aside is not None and aside.holds(w):
+            continue
         token = w["metadata"].get("annotations", {}).get(job.ANNOTATION_RERUN)
         if token and token != w["status"].get("rerun"):
             continue  # to be re-run: its reconcile withdraws the attempt
-        found.append((dataclasses.replace(request_of(w, world), queued=allocation), w))
+        request = _request_or_invalid(w, world)
+        found.append((dataclasses.replace(request, queued=allocation), w))
     return found
+
+
+def raise_invalid(wires: list[Wire]) -> None:
+    """Raise StoredInvalid for the first of these stored Jobs that does not validate: after
+    reading them failed, so that the pass sets that one aside rather than fail every time."""
+    for w in wires:
+        stored.validated(job.Job, w)
+
+
+def _request_or_invalid(w: Wire, world: World) -> placement.Request:
+    """`request_of`; where a malformed Job makes it fail, StoredInvalid naming the Job."""
+    try:
+        return request_of(w, world)
+    except Exception:
+        stored.validated(job.Job, w)
+        raise
 
 
 def _pin_mismatch(

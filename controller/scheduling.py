@@ -97,17 +97,28 @@ class _Budget:
         return True
 
 
-def schedule(writer: store.Store, now: datetime, limits: Limits = LIMITS) -> datetime | None:
+def schedule(
+    writer: store.Store,
+    now: datetime,
+    limits: Limits = LIMITS,
+    aside: reading.SetAside | None = None,
+) -> datetime | None:
     """One pass in one transaction; returns when the next one is due: `now` when work was
     left for it (`now + FOLLOW_UP` when the pass started Jobs and left the rest), else when
-    the next back-off ends, if any."""
+    the next back-off ends, if any. The stored objects that do not validate are left out
+    (`reading.SetAside`): a Job that fails as the pass writes it raises StoredInvalid, and the
+    next pass, given it in `aside.versions`, leaves it out too."""
+    aside = aside if aside is not None else reading.SetAside()
     with bulk.collector_paused():  # some hundred thousand objects over 10,000 pending Jobs
         writer.lock_scheduling()
-        return _write(writer, _plan(writer, now, limits), now, limits)
+        return _write(writer, _plan(writer, now, limits, aside), now, limits)
 
 
 def run(
-    database: db.Database, now: datetime, limits: Limits = LIMITS
+    database: db.Database,
+    now: datetime,
+    limits: Limits = LIMITS,
+    aside: reading.SetAside | None = None,
 ) -> tuple[datetime | None, int | None]:
     """The controller's pass: as `schedule`, and the revision it wrote at, if it wrote.
 
@@ -119,13 +130,15 @@ def run(
     the same file) or a Node deleted, makes it plan again from a fresh read (`RACES`). After
     `OPTIMISTIC_TRIES` such tries it reads under the lock, as on PostgreSQL, where reads never
     hold writers back and a pass is one transaction under its advisory lock."""
+    aside = aside if aside is not None else reading.SetAside()
     if database.dialect == "sqlite":
         for _ in range(OPTIMISTIC_TRIES):
+            aside.found.clear()  # of the last try
             with bulk.collector_paused():
                 with database.read() as session:
                     reader = store.Store(session)
                     since = reader.current_revision()
-                    planned = _plan(reader, now, limits)
+                    planned = _plan(reader, now, limits, aside)
                 try:
                     with database.write() as session:
                         writer = store.Store(session)
@@ -138,7 +151,8 @@ def run(
     written: list[int | None] = [None]
 
     def locked(writer: store.Store) -> datetime | None:
-        due = schedule(writer, now, limits)
+        aside.found.clear()  # of an earlier try
+        due = schedule(writer, now, limits, aside)
         written[0] = writer.written_revision
         return due
 
@@ -168,21 +182,27 @@ class _Planned:
     on_metrics: bool = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
 
 
-def _plan(reader: store.Store, now: datetime, limits: Limits) -> _Planned:
+def _plan(reader: store.Store, now: datetime, limits: Limits, aside: reading.SetAside) -> _Planned:
     pending = reader.pending_wires()
+    if aside.versions:
+        pending = [w for w in pending if not aside.holds(w)]
     reading.REQUESTS.begin(len(pending))
     telling.TOLD.begin(len(pending))
-    succeeded = reading.succeeded_dependencies(reader, pending)
     eligible: list[Wire] = []
     held: list[Wire] = []
-    for w in pending:
-        (held if queue.held(w, now, succeeded) else eligible).append(w)
+    try:  # a malformed Job fails here as one that does not validate, to be set aside
+        succeeded = reading.succeeded_dependencies(reader, pending)
+        for w in pending:
+            (held if queue.held(w, now, succeeded) else eligible).append(w)
+    except Exception:
+        reading.raise_invalid(pending)
+        raise
     if not eligible and not reader.any_queued_bindings():
         return _Planned(held, [], {}, None)
-    world = reading.read_world(reader)
+    world = reading.read_world(reader, aside)
     by_key = {reading.key(w): w for w in eligible}
     requests = reading.requests_of(eligible, world)
-    for request, w in reading.queued_requests(world):
+    for request, w in reading.queued_requests(world, aside):
         by_key[reading.key(w)] = w
         requests.append(request)
     result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)

@@ -136,6 +136,8 @@ class Snapshot:
     gpus: list[GPU]
     pools: dict[str, Pool] = field(default_factory=dict)
     allocations: list[Allocation] = field(default_factory=list)
+    # GPUPools left out because they do not validate: name -> what is wrong (reading.SetAside)
+    invalid_pools: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

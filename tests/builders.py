@@ -4,10 +4,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+import sqlalchemy
 import yaml
 
-from gctl.api import binding, job, meta, node
-from gctl.store import db, store
+from gctl.api import binding, event, job, meta, node
+from gctl.store import db, store, tables
 
 T = TypeVar("T", bound=meta.Resource)
 
@@ -159,3 +160,26 @@ def stored(database: db.Database, cls: type[T], name: str, namespace: str = "def
     """The object of kind `cls` named `name` as stored now, read in a transaction of its own."""
     with database.read() as session:
         return store.Store(session).get(cls, name, namespace)
+
+
+def corrupt(database: db.Database, kind: str, name: str, **columns: Any) -> None:
+    """Write documents the models refuse straight into an object's row (`spec=...`,
+    `status=...`), as an older gctl or a hand edit in the database would leave them: no Store,
+    no change in the feed."""
+    table = tables.table_of(kind)
+    with database.engine.begin() as connection:
+        done = connection.execute(
+            sqlalchemy.update(table).where(table.c.name == name).values(**columns)
+        )
+        assert done.rowcount == 1
+
+
+def warnings_about(database: db.Database, name: str) -> list[tuple[str, str, int]]:
+    """(reason, message, count) of the Warning Events about the objects named `name`."""
+    with database.read() as session:
+        found = store.Store(session).list_wire(event.Event)
+    return [
+        (e["spec"]["reason"], e["spec"]["message"], e["spec"]["count"])
+        for e in found
+        if e["spec"]["involvedObject"]["name"] == name and e["spec"]["type"] == "Warning"
+    ]

@@ -706,8 +706,8 @@ def test_a_pass_raced_every_time_takes_the_lock_and_still_binds(
 def test_a_pending_job_that_does_not_validate_fails_the_pass_in_one_line(
     database: db.Database,
 ) -> None:
-    """Not isolated yet (docs/decisions.md), but said as the controller sets such an object
-    aside: StoredInvalid naming it and the field, not pydantic's error."""
+    """StoredInvalid naming it and the field, not pydantic's error: the controller sets it
+    aside, and its next pass leaves it out (test_set_aside)."""
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", 1)

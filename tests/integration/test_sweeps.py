@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy
 
 from controller import jobs, manager, scheduling, sweeps
-from gctl.api import binding, event, job, meta, sweep
+from gctl.api import binding, job, meta, sweep
 from gctl.cli import printers
-from gctl.store import db, store, tables
-from tests.builders import make_job, put_ready_node
+from gctl.store import db, store
+from tests.builders import corrupt, make_job, put_ready_node, warnings_about
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -436,27 +436,6 @@ def test_a_cycle_through_a_sweep_fails_its_jobs_and_then_the_sweep(database: db.
     assert (grid.status.phase, grid.status.message) == ("Failed", "2/2 Jobs failed")
 
 
-def _corrupt(database: db.Database, kind: str, name: str, spec: dict[str, Any]) -> None:
-    """Write a document the models refuse straight into the row, as an older gctl or a hand
-    edit in the database would leave it: no Store, no change in the feed."""
-    table = tables.table_of(kind)
-    with database.engine.begin() as connection:
-        done = connection.execute(
-            sqlalchemy.update(table).where(table.c.name == name).values(spec=spec)
-        )
-        assert done.rowcount == 1
-
-
-def _warnings_about(database: db.Database, name: str) -> list[tuple[str, str, int]]:
-    with database.read() as session:
-        found = store.Store(session).list_wire(event.Event)
-    return [
-        (e["spec"]["reason"], e["spec"]["message"], e["spec"]["count"])
-        for e in found
-        if e["spec"]["involvedObject"]["name"] == name and e["spec"]["type"] == "Warning"
-    ]
-
-
 def test_a_stored_sweep_that_no_longer_validates_holds_back_no_other(
     database: db.Database, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -468,8 +447,8 @@ def test_a_stored_sweep_that_no_longer_validates_holds_back_no_other(
         put_ready_node(store.Store(session), "n2", 1, meta.utcnow())
     _create(database, _sweep("bad", items=["x"]), _sweep("good", items=["a", "b"]))
     bad_template = {"spec": {"command": ["echo"], "resources": {"gpus": 0}}}
-    _corrupt(database, "Sweep", "bad", {"items": ["x"], "retired": 1, "template": bad_template})
-    _corrupt(database, "Node", "n2", {"unschedulable": "sometimes"})
+    corrupt(database, "Sweep", "bad", spec={"items": ["x"], "retired": 1, "template": bad_template})
+    corrupt(database, "Node", "n2", spec={"unschedulable": "sometimes"})
     controller = manager.Controller(database)
     stop = threading.Event()
     loop = threading.Thread(target=controller.run, args=(stop,), daemon=True)
@@ -486,7 +465,7 @@ def test_a_stored_sweep_that_no_longer_validates_holds_back_no_other(
 
     assert sorted(_children(database, "good")) == ["good-a", "good-b"]
     assert _children(database, "bad") == {}
-    assert _warnings_about(database, "bad") == [
+    assert warnings_about(database, "bad") == [
         (
             manager.REASON_INVALID,
             "stored Sweep does not validate (spec.retired: unknown field); left alone until it"
@@ -494,7 +473,7 @@ def test_a_stored_sweep_that_no_longer_validates_holds_back_no_other(
             1,
         )
     ]
-    assert [(r, c) for r, _, c in _warnings_about(database, "n2")] == [(manager.REASON_INVALID, 1)]
+    assert [(r, c) for r, _, c in warnings_about(database, "n2")] == [(manager.REASON_INVALID, 1)]
     said = [r.getMessage() for r in caplog.records]
     assert [m for m in said if '"bad"' in m] == [
         'sweep "bad" in namespace "default" as stored does not validate (spec.retired: unknown'
