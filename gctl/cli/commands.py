@@ -427,13 +427,18 @@ def _describe_kind(
     with database.read() as session:
         reader = store.Store(session)
         wires = reader.list_wire(cls, where, names=names or None)
+        if info is kinds.GPUPOOL and (not names or views.DEFAULT_POOL in names):
+            wires = _with_default_pool(wires)
         missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
         if missing:
             raise errors.NotFound(_not_found(info, missing[0], where))
         if not wires:
             _no_resources(info, where)
             return
-        events = [reader.events_for(stored.validated(cls, wire)) for wire in wires]
+        events = [
+            reader.events_for(stored.validated(cls, wire)) if "uid" in wire["metadata"] else []
+            for wire in wires
+        ]
         now, width = datetime.now(UTC), fitting.screen_width(sys.stdout)
         if info is kinds.JOB and any(queue.pending(w) and not queue.held(w, now) for w in wires):
             _number_queue(
@@ -443,11 +448,41 @@ def _describe_kind(
                 lambda kind, ns, its: reader.list_wire(kinds.model(kind.kind), ns, names=its),
             )
         chain = describing.Chain(reader)  # each namespace's Jobs and Sweeps, read once
+        usage = _pool_usage(db_url, wires, width) if info is kinds.GPUPOOL else {}
         texts = [
-            describing.render(w, found, now, describing.related(reader, w, chain, width), width)
+            describing.render(
+                w,
+                found,
+                now,
+                describing.related(reader, w, chain, width) + usage.get(w["metadata"]["name"], []),
+                width,
+            )
             for w, found in zip(wires, events, strict=True)
         ]
     sys.stdout.write("\n\n".join(texts))
+
+
+def _with_default_pool(pools: list[views.Wire]) -> list[views.Wire]:
+    """`views.with_implicit_default`, its spec filled in with the defaults the scheduler uses
+    for it, so that `describe` says how it behaves."""
+    from gctl.api import pool
+
+    found = views.with_implicit_default(pools)
+    for p in found:
+        if "uid" not in p["metadata"]:
+            p["spec"] = pool.GPUPoolSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    return found
+
+
+def _pool_usage(db_url: str | None, pools: list[views.Wire], width: int) -> dict[str, list[str]]:
+    """Each pool's Usage section, by name, counted as `get pools` counts it."""
+    from gctl.cli import describe as describing
+
+    nodes = _list(db_url, kinds.NODE, None, None).wires
+    return {
+        p["metadata"]["name"]: describing.pool_usage(p, views.pool_gpus(p, nodes), width)
+        for p in _with_views(db_url, kinds.GPUPOOL.kind, pools)
+    }
 
 
 Target = tuple[kinds.KindInfo, str | None, str | None]  # kind, name (None: by query), namespace

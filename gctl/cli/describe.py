@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import event
-from gctl.cli import cells, fitting
+from gctl.cli import cells, fitting, views
 
 if TYPE_CHECKING:
     from gctl.store import store
@@ -292,6 +292,30 @@ def _chain_row(name: str, phases: dict[tuple[str, str], str]) -> list[str]:
         if (kind, name) in phases:
             return [name, kind, phases[(kind, name)]]
     return [name, cells.NONE, "NotFound (waits until it exists)"]
+
+
+def pool_usage(viewed: dict[str, Any], gpus: set[tuple[str, int]], width: int) -> list[str]:
+    """What `describe gpupool` shows of a pool's use, counted as `get pools` counts it
+    (`views.with_pool_views`): the GPUs its selector matches on known Nodes, Node by Node, and
+    how many of them gctl's Jobs hold; its Jobs running, queued, held out of the queue and
+    bound ahead to a busy GPU."""
+    view = viewed[views.VIEW]
+    by_node: dict[str, list[int]] = {}
+    for name, index in sorted(gpus):
+        by_node.setdefault(name, []).append(index)
+    where = ", ".join(f"{n} [{cells.index_ranges(i)}]" for n, i in by_node.items())
+    rows = {
+        "GPUs": f"{view['gpus']} ({where})" if where else str(view["gpus"]),
+        "Allocated": view["allocated"],
+        "Running": view["running"],
+        "Queued": view["queued"],
+        "Held": view["held"],
+        "Bound Ahead": view["ahead"],
+    }
+    lines = ["Usage:"]
+    for key, value in rows.items():
+        lines.extend(_wrapped(f"  {key + ':':<13}", str(value), width))
+    return lines
 
 
 def _section(

@@ -487,6 +487,58 @@ def test_get_pools_without_a_default_shows_the_implicit_one(
     assert gctl.ok("get", "pools", "-o", "name") == ""
 
 
+def _usage(described: str) -> dict[str, str]:
+    lines = described.splitlines()
+    start = lines.index("Usage:") + 1
+    section = [line for line in lines[start:] if line.startswith("  ")]
+    return dict(line.strip().split(":", 1) for line in section)
+
+
+def test_describe_gpupool_counts_as_get_pools_and_names_its_gpus(
+    gctl: Gctl, database: db.Database
+) -> None:
+    selector = pool.PoolSelector(node_labels={"gpu": "a100"}, gpus=["0-1"])
+    put(
+        database,
+        make_node("a1", labels={"gpu": "a100"}),
+        make_node("a2", labels={"gpu": "a100"}),
+        make_node("l1", gpus=2, labels={"gpu": "l40s"}),
+        _pool("a100", selector=selector),
+        make_binding("train", "a1", [0, 1]),
+        _job("train", "Running", "a100"),
+        _job("queued-a", "Pending", "a100"),
+    )
+
+    described = gctl.ok("describe", "gpupool", "a100")
+
+    usage = {key: value.strip() for key, value in _usage(described).items()}
+    assert usage == {
+        "GPUs": "4 (a1 [0-1], a2 [0-1])",
+        "Allocated": "2",
+        "Running": "1",
+        "Queued": "1",
+        "Held": "0",
+        "Bound Ahead": "0",
+    }
+    assert all(len(line) <= 100 for line in described.splitlines())
+
+
+def test_describe_gpupool_default_shows_the_implicit_one_and_its_settings(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """The default pool `get pools` shows when none is stored: its settings as the scheduler
+    uses them, and its Usage; no Events (it was never created)."""
+    put(database, make_node("box1", gpus=2), make_binding("a", "box1", [1]), _job("a", "Running"))
+
+    described = gctl.ok("describe", "gpupool", "default")
+
+    assert "  Policy:             binpack" in described.splitlines()
+    assert _usage(described)["GPUs"].strip() == "2 (box1 [0-1])"
+    assert _usage(described)["Allocated"].strip() == "1"
+    assert described.rstrip().endswith("Events:       <none>")
+    assert gctl.ok("describe", "gpupool").count("Name:") == 1
+
+
 def test_profiles_apply_and_list(gctl: Gctl) -> None:
     dry = gctl.ok("apply", "-f", str(PROFILES), "--dry-run")
     assert "gpuprofile.gctl/qwen2.5-7b-inst created (dry run)" in dry
