@@ -2,7 +2,7 @@
 
 `VirtualAgent` registers Nodes `PREFIX-0001` ... with fake GPUs, heartbeats all of them in one
 transaction, follows the Bindings that name them through the change feed, and writes the same
-observed states a real agent writes (`nodeagent.agent.Agent._report`): Running with a start
+observed states a real agent writes (`nodeagent.passes.Pass._report`): Running with a start
 time and a pid (this process's own: nothing is executed), then Exited with an exit code and a
 reason, or Exited with the stop reason when the controller asked for a stop. So the controller
 cannot tell a virtual node from a real one.
