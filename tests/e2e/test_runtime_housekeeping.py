@@ -1,6 +1,6 @@
 """The node runtime's housekeeping off the agent's pass, with real supervisors and processes:
 the fork server's replies read after the launches, and ended attempts removed by a thread of
-their own (nodeagent/runtime.py)."""
+their own (nodeagent/runtime.py, nodeagent/forkserver.py)."""
 
 import os
 import signal
