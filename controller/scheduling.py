@@ -272,7 +272,7 @@ def _apply(
             jobs.ask_back(writer, shared.model_copy(deep=True))
         elif id(d) not in held:
             giving_up.append(d)
-    _give_up_places(writer, giving_up, by_key, world, now)
+    _give_up_places(writer, giving_up, by_key, world, now, takers=_takers(changed))
     _rearmable(writer, decisions, world)
     decisions = [d for d in decisions if id(d) not in held]
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
@@ -402,17 +402,30 @@ def _uids(d: placement.Decision, created: dict[Key, str]) -> list[str]:
     return uids
 
 
+def _takers(placed: list[placement.Decision]) -> dict[tuple[str, int], placement.Request]:
+    """(node, GPU) -> the Job this pass binds there, ahead or to start now."""
+    return {
+        (d.placement.node, gpu): d.request
+        for d in placed
+        if d.placement is not None
+        for gpu in d.placement.gpus
+    }
+
+
 def _give_up_places(
     writer: store.Store,
     giving_up: list[placement.Decision],
     by_key: dict[Key, Wire],
     world: reading.World,
     now: datetime,
+    *,
+    takers: dict[tuple[str, int], placement.Request],
 ) -> None:
     """Remove the Bindings of Jobs bound ahead that move or wait again, exactly as read: if
     an agent took one meanwhile (Starting), the write conflicts and the pass runs again from a
-    fresh read. A Job that waits again goes back to Pending, the attempt unmade; their statuses
-    and Events are written together (1,000 Jobs losing their places to Jobs of higher priority
+    fresh read. A Job that waits again goes back to Pending, the attempt unmade, its Event
+    naming the Job bound in its place (`takers`); their statuses and Events are written
+    together (1,000 Jobs losing their places to Jobs of higher priority
     took 2 s one by one)."""
     for d in giving_up:
         queued = d.request.queued
@@ -421,20 +434,30 @@ def _give_up_places(
     with writer.batched():
         for d in giving_up:
             if d.placement is None:  # one that moves: `_bind` rewrites its Job
-                _waits_again(writer, d, by_key, now)
+                _waits_again(writer, d, by_key, now, takers)
 
 
 def _waits_again(
-    writer: store.Store, d: placement.Decision, by_key: dict[Key, Wire], now: datetime
+    writer: store.Store,
+    d: placement.Decision,
+    by_key: dict[Key, Wire],
+    now: datetime,
+    takers: dict[tuple[str, int], placement.Request],
 ) -> None:
     queued = d.request.queued
     assert queued is not None
     j = stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])
     status = j.status
     gpus = ",".join(str(g) for g in queued.gpus)
+    taken = {
+        taker.name if taker.namespace == d.request.namespace else f"{taker.namespace}/{taker.name}"
+        for g in queued.gpus
+        if (taker := takers.get((queued.node, g))) is not None and taker is not d.request
+    }
+    given = f" to {', '.join(sorted(taken))}" if taken else ""
     message = (
         f"attempt {status.attempts}, bound ahead to {queued.node} GPUs [{gpus}], gave up its "
-        f"place: {d.message or d.reason}"
+        f"place{given}: {d.message or d.reason}"
     )
     status.phase = "Pending"
     status.attempts -= 1

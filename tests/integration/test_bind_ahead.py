@@ -115,6 +115,10 @@ def test_a_higher_priority_job_takes_its_place_and_it_waits_again(
     low = _get_job(database, "low")
     assert (low.status.phase, low.status.attempts, low.status.gpus) == ("Pending", 0, None)
     assert _reasons(database, "low") == ["Scheduled", scheduling.REASON_UNBOUND]
+    with database.read() as session:
+        reader = store.Store(session)
+        said = reader.events_for(reader.get(job.Job, "low", "default"))[-1].spec.message
+    assert said.startswith("attempt 1, bound ahead to n1 GPUs [0], gave up its place to high: ")
     (high,) = _attempts(database, "high")
     assert high.spec.after == [_attempts(database, "running")[0].metadata.uid]
 
