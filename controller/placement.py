@@ -311,21 +311,23 @@ class _Planner(ahead.BindingAhead):
         self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
     ) -> tuple[datetime | None, tuple[tuple[str, int], ...]]:
         """Take the request's place on the simulated timeline: the GPUs that free soonest (then
-        the most already free). The pool's first blocked Job also reserves them. Returns the
+        the most already free). The pool's first blocked Job also reserves them; where it can
+        reserve none (another pool's Job holds them), its place is only estimated. Returns the
         estimated start, if known, and the GPUs reserved."""
         first = pool.name not in self.reserved_pools
-        if not first and (self.positions[pool.name] > QUEUE_HEAD or shape in self.unknown_start):
+        deep = self.positions[pool.name] > QUEUE_HEAD or shape in self.unknown_start
+        if not first and deep:
             return None, ()
         wanted = max(1, int(request.gpus))
-        if first:
-            found = self._soonest_to_reserve(request, static, wanted, shape)
-        else:
+        found = self._soonest_to_reserve(request, static, wanted, shape) if first else None
+        reserving = found is not None
+        if found is None and not deep:
             found = self._soonest(request, static, wanted, reserving=False)
         if found is None:
             return None, ()
         start, slots = found
         held: tuple[tuple[str, int], ...] = ()
-        if first:
+        if reserving:
             self.reserved_pools.add(pool.name)
             held = self._reserve(request, pool, slots, start)
         if start is None:

@@ -385,6 +385,29 @@ def test_positions_count_per_pool_and_estimates_follow_known_end_times() -> None
     ]
 
 
+def test_a_pools_first_job_whose_gpus_another_pool_reserved_is_estimated_after_it() -> None:
+    """Two pools over the same GPU: the first Job of `x` reserves it; the first of `y` can
+    reserve nothing, but still learns when it should start: after `x1`, whose run time is
+    known."""
+    ends = T0 + timedelta(hours=1)
+    shot = snapshot(
+        gpus("a", 1),
+        pools=[Pool("x", bind_ahead=False), Pool("y", bind_ahead=False)],
+        allocations=[running("busy", "a", 0, ends=ends, priority=9)],
+    )
+    result = decide(
+        shot,
+        req("x1", pool="x", priority=1, runtime=timedelta(minutes=30)),
+        req("y1", pool="y"),
+    )
+    assert [(result[n].position, result[n].estimated_start) for n in ("x1", "y1")] == [
+        (1, ends),
+        (1, ends + timedelta(minutes=30)),
+    ]
+    assert result["x1"].held == (("a", 0),)
+    assert result["y1"].held == ()
+
+
 def test_pools_of_both_orders_sharing_gpus_take_turns_by_their_first_jobs_age() -> None:
     """Each pool's queue in its own order; the queues merged by their first Jobs' priority and
     age: a LongestFirst pool's new long Job does not go ahead of an older FIFO Job."""
