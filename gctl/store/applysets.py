@@ -45,7 +45,7 @@ def members(reader: "store.Store", name: str) -> list[meta.Resource]:
     """Every object of an appliable kind labelled as a member of the set, in any namespace."""
     from sqlalchemy import select
 
-    from gctl.store import store, tables
+    from gctl.store import reading, tables
 
     found: list[meta.Resource] = []
     for kind in sorted(kinds.APPLIABLE):
@@ -58,7 +58,7 @@ def members(reader: "store.Store", name: str) -> list[meta.Resource]:
             .order_by(table.c.namespace, table.c.name)
         ).all()
         for row in rows:
-            obj = stored.validated(cls, store.row_to_wire(cls, row))
+            obj = stored.validated(cls, reading.row_to_wire(cls, row))
             # Objects owned by another (a Sweep's Jobs, which copy its labels) go with their
             # owner: they are never the set's own members.
             if not any(owner.controller for owner in obj.metadata.owner_references):

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from gctl.api import errors
-from gctl.store import db, locations, notify, store
+from gctl.store import db, locations, notify, revisions
 
 # A watcher re-reads the feed this often even without a wake-up: a safety net, not the mechanism.
 RESYNC_SECONDS = 60.0
@@ -39,7 +39,7 @@ class _PostgresWaker:
         self,
         database: db.Database,
         stop: threading.Event | None,
-        channel: str = store.NOTIFY_CHANNEL,
+        channel: str = revisions.NOTIFY_CHANNEL,
         payloads: frozenset[str] | None = None,
     ) -> None:
         import psycopg
@@ -148,7 +148,7 @@ class Watch(AbstractContextManager["Watch"]):
         self._waker.close()
         self._reader.close()
 
-    def poll(self) -> list[store.Change]:
+    def poll(self) -> list[revisions.Change]:
         """Every change after the current position, now, without waiting."""
         head, changes = self._reader.read(self.revision, self._kinds, self._after_id)
         if changes:
@@ -158,7 +158,7 @@ class Watch(AbstractContextManager["Watch"]):
             self.revision = max(self.revision, head)
         return changes
 
-    def __iter__(self) -> Iterator[list[store.Change]]:
+    def __iter__(self) -> Iterator[list[revisions.Change]]:
         while self._stop is None or not self._stop.is_set():
             changes = self.poll()
             if changes:
@@ -197,7 +197,7 @@ class _ChangeReader:
 
     def read(
         self, revision: int, kinds: list[str] | None, after_id: int | None
-    ) -> tuple[int, list[store.Change]]:
+    ) -> tuple[int, list[revisions.Change]]:
         """(the head revision, the changes after `after_id` or else after `revision`)."""
         mark = self._mark
         where = f"id > {mark}" if after_id is not None else f"revision > {mark}"
@@ -223,7 +223,7 @@ class _ChangeReader:
         except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
             raise errors.Unavailable(f"database {db.display_url(self._url)}: {exc}") from None
         return head, [
-            store.Change(
+            revisions.Change(
                 int(r[0]),
                 int(r[1]),
                 r[2],

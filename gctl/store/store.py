@@ -3,99 +3,44 @@
 Every write bumps the global revision once per transaction, checks the resourceVersion it was
 given (zero rows matched means Conflict), and appends the written object to the change feed.
 Store methods take the session they are given and never commit: the caller owns the transaction.
+
+The Store is one class built in layers, a module for each state it handles, each layer a class
+the next one inherits from (so a call costs what it would on one class): `revisions` (what a
+transaction shares: the session, its revision, the change feed), `reading` (objects read), and
+here, on top, the writes, the queue of `batched` mode and the events. `transact` runs work in
+one transaction, and again from a fresh read when it read a stale object.
 """
 
 import contextlib
-import json
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import (
-    Executable,
-    Result,
-    Row,
-    Table,
-    and_,
-    bindparam,
-    delete,
-    exc,
-    insert,
-    or_,
-    select,
-    update,
-)
+from sqlalchemy import Row, bindparam, delete, exc, insert, update
 from sqlalchemy.orm import Session
 
-from gctl.api import binding, errors, event, job, meta, selector
-from gctl.store import db, driver, events, listing, schema, shared, stored, tables
+from gctl.api import errors, event, meta
+from gctl.store import db, driver, events, reading, revisions, schema, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
 
-NOTIFY_CHANNEL = "gctl_changes"
-SCHEDULING_LOCK_KEY = 0x67637463  # "gctc"
-_REVISION = tables.Base.metadata.tables[tables.RevisionRow.__tablename__]
-_CHANGES = tables.Base.metadata.tables[tables.ChangeRow.__tablename__]
-
-
-@dataclass(frozen=True)
-class Change:
-    """One entry of the change feed: the object right after the write (or as it was deleted)."""
-
-    id: int  # the feed's own order: ids are taken under the revision lock, so in commit order
-    revision: int
-    type: str  # ADDED | MODIFIED | DELETED
-    kind: str
-    namespace: str
-    name: str
-    uid: str
-    object: dict[str, Any]
-
-
-_WHERE_KEYS = frozenset({"b_uid", "b_version"})  # the parameters of `_write_many`'s guard
+_WHERE_KEYS = frozenset({"b_uid", "b_version"})  # the parameters of `_write_wires`'s guard
+# The types of the Store's API, where its callers have always found them.
+Change = revisions.Change
 Occurrence = events.Occurrence
 
 
-@dataclass
-class _Batch:
-    """Writes a Store in `batched` mode has queued: status writes (with the wires the change
-    feed gets) and events."""
-
-    statuses: list[tuple[meta.Resource, dict[str, Any]]] = field(default_factory=list)
-    occurrences: list[events.Occurrence] = field(default_factory=list)
-
-
-def _table(kind: str) -> Table:
-    return tables.table_of(kind)
-
-
-def namespace_of(cls: type[meta.Resource], namespace: str | None) -> str:
-    return listing.namespace_of(cls.INFO, namespace)
-
-
-def row_to_wire(cls: type[meta.Resource], row: Row[Any]) -> dict[str, Any]:
-    return listing.row_to_wire(cls.INFO, row._mapping)
-
-
-class Store:
+class Store(reading.Reads):
     def __init__(self, session: Session, clock: Callable[[], datetime] = meta.utcnow) -> None:
         self.session = session
         self.clock = clock
-        self._revision: int | None = None
+        self._revision = None
         self._dialect = session.get_bind().dialect.name
         self._events = events.EventLog(self)
-        self._batch: _Batch | None = None  # queued writes, in `batched` mode
-
-    def execute(self, statement: Executable, params: Any = None) -> Result[Any]:
-        """Run one statement of the store's own (this module's and its helpers'), after the
-        writes queued in `batched` mode, so that it sees them and follows them."""
-        if self._batch is not None and (self._batch.statuses or self._batch.occurrences):
-            self._flush()
-        return self.session.execute(statement, params)
+        self._batch = None  # queued writes, in `batched` mode
 
     @contextlib.contextmanager
     def batched(self) -> Iterator[None]:
@@ -107,7 +52,7 @@ class Store:
         if self._batch is not None:  # already batching: the outer block flushes
             yield
             return
-        self._batch = _Batch()
+        self._batch = revisions.Batch()
         try:
             yield
             self._flush()
@@ -122,273 +67,7 @@ class Store:
             if batch is not None and batch.occurrences:
                 self._events.record(batch.occurrences)
         finally:
-            self._batch = _Batch() if batch is not None else None
-
-    # -- the revision --------------------------------------------------------------------------
-
-    def lock_scheduling(self) -> None:
-        """Serialize scheduling passes across controllers until this transaction ends.
-
-        Two controllers on one PostgreSQL would otherwise read the same free GPU and bind
-        different Jobs to it; SQLite's write transactions are serialized already."""
-        if self._dialect == "postgresql":
-            from sqlalchemy import func
-
-            self.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
-
-    @property
-    def written_revision(self) -> int | None:
-        """The revision this Store's writes committed (or will commit) at; None if none."""
-        return self._revision
-
-    def current_revision(self) -> int:
-        value = self.execute(select(_REVISION.c.revision)).scalar_one()
-        return int(value)
-
-    def _write_revision(self) -> int:
-        """The revision of this transaction's writes; the first call locks the counter row."""
-        if self._revision is None:
-            statement = (
-                update(_REVISION)
-                .values(revision=_REVISION.c.revision + 1)
-                .returning(_REVISION.c.revision)
-            )
-            self._revision = int(self.execute(statement).scalar_one())
-            if self._dialect == "postgresql":
-                from sqlalchemy import func
-
-                self.execute(select(func.pg_notify(NOTIFY_CHANNEL, str(self._revision))))
-        return self._revision
-
-    def _record(self, change_type: str, wires: Iterable[dict[str, Any]]) -> None:
-        revision = self._write_revision()
-        rows = [
-            {
-                "revision": revision,
-                "type": change_type,
-                "kind": wire["kind"],
-                "namespace": wire["metadata"].get("namespace", ""),
-                "name": wire["metadata"]["name"],
-                "uid": wire["metadata"]["uid"],
-                "object": wire,
-            }
-            for wire in wires
-        ]
-        if rows:
-            self.execute(insert(_CHANGES), rows)
-
-    # -- reads ---------------------------------------------------------------------------------
-
-    def _rows(
-        self,
-        cls: type[meta.Resource],
-        namespace: str | None,
-        names: Sequence[str] | None = None,
-        *,
-        for_update: bool = False,
-        decoded: bool = False,
-    ) -> Sequence[Row[Any]]:
-        """The rows, for `row_to_wire`; `decoded`: with the JSON documents decoded, to use."""
-        table = _table(cls.KIND)
-        query = select(table) if decoded else select(*tables.readable(table))
-        if namespace is not None or not cls.NAMESPACED:
-            query = query.where(table.c.namespace == namespace_of(cls, namespace))
-        if names is not None:
-            query = query.where(table.c.name.in_(names))
-        if for_update and self._dialect == "postgresql":  # SQLite's writers are serial already
-            query = query.with_for_update()
-        return self.execute(query.order_by(table.c.namespace, table.c.name)).all()
-
-    def list_wire(
-        self,
-        cls: type[meta.Resource],
-        namespace: str | None = None,
-        label_selector: selector.Selector | None = None,
-        names: Sequence[str] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Objects in wire form, sorted by namespace and name; `namespace=None` means all."""
-        wires = [row_to_wire(cls, row) for row in self._rows(cls, namespace, names)]
-        if label_selector is not None:
-            wires = [w for w in wires if label_selector.matches(w["metadata"].get("labels", {}))]
-        return wires
-
-    def list_wire_labelled(
-        self, cls: type[meta.Resource], namespace: str, key: str, value: str
-    ) -> list[dict[str, Any]]:
-        """Objects of one namespace whose label `key` is `value`, in wire form, sorted by name;
-        the label is matched in SQL (a Sweep's Jobs, out of a namespace of many)."""
-        from sqlalchemy import func, type_coerce
-        from sqlalchemy.dialects import postgresql
-
-        table = _table(cls.KIND)
-        if self._dialect == "postgresql":  # JSONB containment, `labels @> '{key: value}'`
-            matches = type_coerce(table.c.labels, postgresql.JSONB).contains({key: value})
-        else:  # a quoted member name: `/` and `.` in the key are plain characters there
-            if '"' in key:  # a label key never holds one (meta.Labels); SQLite cannot quote it
-                raise ValueError(f"label key {key!r}: no double quotes")
-            matches = func.json_extract(table.c.labels, f'$."{key}"') == value
-        query = select(*tables.readable(table)).where(
-            table.c.namespace == namespace_of(cls, namespace), matches
-        )
-        rows = self.execute(query.order_by(table.c.name)).all()
-        return [row_to_wire(cls, row) for row in rows]
-
-    def list_objects(
-        self,
-        cls: type[T],
-        namespace: str | None = None,
-        label_selector: selector.Selector | None = None,
-    ) -> list[T]:
-        return [stored.validated(cls, w) for w in self.list_wire(cls, namespace, label_selector)]
-
-    def lock_objects(self, cls: type[T], namespace: str | None = None) -> list[T]:
-        """Read objects and hold them until this transaction ends, for a write that must not
-        lose a race it cannot win by retrying: a cordon against an agent whose status writes
-        come faster than a CLI process can read and write (PostgreSQL; on SQLite the write
-        transaction holds the whole database already)."""
-        if self._dialect == "postgresql":
-            # Every writer locks the revision row first (its first write bumps it): so must
-            # this one, before the objects, or it deadlocks with a writer waiting on them.
-            self.execute(select(_REVISION.c.revision).with_for_update())
-        rows = self._rows(cls, namespace, for_update=True)
-        return [stored.validated(cls, row_to_wire(cls, row)) for row in rows]
-
-    def find(self, cls: type[T], name: str, namespace: str | None = None) -> T | None:
-        rows = self._rows(cls, namespace_of(cls, namespace), [name])
-        return stored.validated(cls, row_to_wire(cls, rows[0])) if rows else None
-
-    def get(self, cls: type[T], name: str, namespace: str | None = None) -> T:
-        found = self.find(cls, name, namespace)
-        if found is None:
-            raise errors.NotFound(namespaced_not_found(cls, name, namespace))
-        return found
-
-    def pending_wires(self) -> list[dict[str, Any]]:
-        """Jobs waiting for a place, unvalidated: higher priority first, then older first. A
-        shared read (`shared`): read them, never change them."""
-        table = _table(job.Job.KIND)
-        order = (table.c.priority.desc(), table.c.created_at, table.c.name)
-        return shared.wires(self.execute, job.Job, [table.c.phase == "Pending"], order)
-
-    def shared_wires(
-        self, cls: type[meta.Resource], namespace: str, names: Sequence[str]
-    ) -> list[dict[str, Any]]:
-        """The named objects of one namespace in wire form, by a shared read: read them, never
-        change them."""
-        table = _table(cls.KIND)
-        where = [table.c.namespace == namespace_of(cls, namespace), table.c.name.in_(names)]
-        return shared.wires(self.execute, cls, where, (table.c.name,))
-
-    def shared_objects(self, cls: type[T]) -> list[T]:
-        """Every object of a kind, sorted by namespace and name, by a shared read: the objects
-        are shared too, validated once per version; read them, never change them."""
-        table = _table(cls.KIND)
-        return shared.objects(self.execute, cls, [], (table.c.namespace, table.c.name))
-
-    def shared_active_bindings(self) -> list[binding.Binding]:
-        """`active_bindings()` by a shared read: read them, never change them (copy first)."""
-        table = _table(binding.Binding.KIND)
-        where = [table.c.phase.in_(sorted(binding.ACTIVE_PHASES))]
-        order = (table.c.namespace, table.c.name)
-        return shared.objects(self.execute, binding.Binding, where, order)
-
-    def find_many(self, cls: type[T], namespace: str, names: Sequence[str]) -> list[T]:
-        """The named objects of one namespace that exist, sorted by name."""
-        found: list[T] = []
-        ordered = sorted(set(names))
-        for start in range(0, len(ordered), 500):
-            rows = self._rows(cls, namespace_of(cls, namespace), ordered[start : start + 500])
-            found.extend(stored.validated(cls, row_to_wire(cls, row)) for row in rows)
-        return found
-
-    def bindings_of_many(self, job_uids: Sequence[str]) -> dict[str, list[binding.Binding]]:
-        """`bindings_of` for many Jobs at once, by Job uid (a Job with none is left out)."""
-        table = _table(binding.Binding.KIND)
-        found: dict[str, list[binding.Binding]] = {}
-        ordered = sorted(set(job_uids))
-        for start in range(0, len(ordered), 500):
-            chunk = ordered[start : start + 500]
-            for row in self.execute(
-                select(*tables.readable(table)).where(table.c.job_uid.in_(chunk))
-            ):
-                b = stored.validated(binding.Binding, row_to_wire(binding.Binding, row))
-                found.setdefault(row.job_uid, []).append(b)
-        for attempts in found.values():
-            attempts.sort(key=lambda b: b.spec.attempt)
-        return found
-
-    def bindings_of(self, job_uid: str) -> list[binding.Binding]:
-        """Every attempt of one Job, oldest first."""
-        table = _table(binding.Binding.KIND)
-        rows = self.execute(select(*tables.readable(table)).where(table.c.job_uid == job_uid)).all()
-        found = [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
-        return sorted(found, key=lambda b: b.spec.attempt)
-
-    def active_bindings(
-        self,
-        node_name: str | None = None,
-        phases: frozenset[str] = binding.ACTIVE_PHASES,
-        *,
-        skipped: list[errors.StoredInvalid] | None = None,
-    ) -> list[binding.Binding]:
-        """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases.
-        One that no longer validates raises StoredInvalid, or with `skipped` goes there."""
-        table = _table(binding.Binding.KIND)
-        query = select(*tables.readable(table)).where(table.c.phase.in_(sorted(phases)))
-        if node_name is not None:
-            query = query.where(table.c.node == node_name)
-        found = []
-        for row in self.execute(query).all():
-            try:
-                found.append(stored.validated(binding.Binding, row_to_wire(binding.Binding, row)))
-            except errors.StoredInvalid as exc:
-                if skipped is None:
-                    raise
-                skipped.append(exc)
-        return found
-
-    def changed_since(self, revision: int, changes: Sequence[tuple[str, str]]) -> bool:
-        """Whether, after `revision`, an object of one of these (kind, change type) pairs was
-        written, as the change feed tells: ("Binding", "ADDED") ..."""
-        query = (
-            select(_CHANGES.c.id)
-            .where(
-                _CHANGES.c.revision > revision,
-                or_(*(and_(_CHANGES.c.kind == k, _CHANGES.c.type == t) for k, t in changes)),
-            )
-            .limit(1)
-        )
-        return self.execute(query).first() is not None
-
-    def any_queued_bindings(self) -> bool:
-        """Whether some attempt is bound ahead and not started: not taken by its agent, or
-        armed (the scheduler may still want either elsewhere)."""
-        table = _table(binding.Binding.KIND)
-        rows = self.execute(select(table.c.spec).where(table.c.phase.in_(("Pending", "Armed"))))
-        return any(
-            (json.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
-            for (spec,) in rows
-        )
-
-    def changes_since(
-        self,
-        revision: int,
-        kinds: Iterable[str] | None = None,
-        limit: int = 10_000,
-        after_id: int | None = None,
-    ) -> list[Change]:
-        """Changes after a revision (or after a change id, to page through one large one)."""
-        if after_id is None:
-            query = select(_CHANGES).where(_CHANGES.c.revision > revision)
-        else:
-            query = select(_CHANGES).where(_CHANGES.c.id > after_id)
-        if kinds is not None:
-            query = query.where(_CHANGES.c.kind.in_(list(kinds)))
-        rows = self.execute(query.order_by(_CHANGES.c.id).limit(limit)).all()
-        return [
-            Change(r.id, r.revision, r.type, r.kind, r.namespace, r.name, r.uid, r.object)
-            for r in rows
-        ]
+            self._batch = revisions.Batch() if batch is not None else None
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -409,7 +88,7 @@ class Store:
             by_kind.setdefault(obj.KIND, []).append(row)
         for kind, rows in by_kind.items():
             try:
-                self.execute(insert(_table(kind)), rows)
+                self.execute(insert(tables.table_of(kind)), rows)
             except exc.IntegrityError:
                 names = ", ".join(repr(row["name"]) for row in rows[:3])
                 raise errors.AlreadyExists(f"{kind} {names} already exists") from None
@@ -498,7 +177,7 @@ class Store:
             wire["metadata"]["resourceVersion"] = str(revision)
             wires.append(wire)
         for kind, params in by_kind.items():
-            table = _table(kind)
+            table = tables.table_of(kind)
             columns = [key.removeprefix("b_") for key in params[0] if key not in _WHERE_KEYS]
             statement = (
                 update(table)
@@ -541,7 +220,7 @@ class Store:
         return self._remove(type(obj), obj)
 
     def _remove(self, cls: type[T], obj: T) -> T:
-        table = _table(cls.KIND)
+        table = tables.table_of(cls.KIND)
         revision = self._write_revision()  # the revision row first, as every writer locks it
         result = self.execute(
             delete(table).where(
@@ -562,17 +241,17 @@ class Store:
         return gone
 
     def _current(self, obj: meta.Resource) -> Row[Any]:
-        cls = type(obj)
-        rows = self._rows(cls, namespace_of(cls, obj.metadata.namespace), [obj.name], decoded=True)
+        cls, namespace = type(obj), obj.metadata.namespace
+        rows = self._rows(cls, reading.namespace_of(cls, namespace), [obj.name], decoded=True)
         if not rows or (obj.metadata.uid is not None and rows[0].uid != obj.metadata.uid):
-            raise errors.NotFound(namespaced_not_found(cls, obj.name, obj.metadata.namespace))
+            raise errors.NotFound(reading.namespaced_not_found(cls, obj.name, namespace))
         if obj.metadata.resource_version != str(rows[0].resource_version):
             raise errors.Conflict(_stale(obj))
         return rows[0]
 
     def _guarded_update(self, obj: T, current: Row[Any], values: dict[str, Any]) -> T:
         cls = type(obj)
-        table = _table(cls.KIND)
+        table = tables.table_of(cls.KIND)
         revision = self._write_revision()
         result = self.execute(
             update(table)
@@ -583,7 +262,7 @@ class Store:
         row = result.first()
         if row is None:
             raise errors.Conflict(_stale(obj))
-        wire = row_to_wire(cls, row)
+        wire = reading.row_to_wire(cls, row)
         self._record("MODIFIED", [wire])
         return cls.model_validate(wire)
 
@@ -639,11 +318,6 @@ def _wire_values(kind: str, wire: dict[str, Any]) -> dict[str, Any]:
         "status": status,
         **schema.derived(kind, spec, status),
     }
-
-
-def namespaced_not_found(cls: type[meta.Resource], name: str, namespace: str | None) -> str:
-    where = f' in namespace "{namespace_of(cls, namespace)}"' if cls.NAMESPACED else ""
-    return f'{cls.KIND.lower()} "{name}" not found{where}'
 
 
 def _stale(obj: meta.Resource) -> str:

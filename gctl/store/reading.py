@@ -1,0 +1,212 @@
+"""The Store's reading layer: objects read from their tables.
+
+Every read the Store names (`get`, `find`, `list_wire`, the attempts of Jobs, the shared reads
+of `shared`), and how an object's row becomes its wire form (`row_to_wire`). The Store's top
+layer (`store.Store`, the writes) builds on this one: a write reads the row it guards here.
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Row, select
+
+from gctl.api import binding, errors, job, meta, selector
+from gctl.store import listing, revisions, shared, stored, tables
+
+T = TypeVar("T", bound=meta.Resource)
+
+
+def namespace_of(cls: type[meta.Resource], namespace: str | None) -> str:
+    return listing.namespace_of(cls.INFO, namespace)
+
+
+def row_to_wire(cls: type[meta.Resource], row: Row[Any]) -> dict[str, Any]:
+    return listing.row_to_wire(cls.INFO, row._mapping)
+
+
+def namespaced_not_found(cls: type[meta.Resource], name: str, namespace: str | None) -> str:
+    where = f' in namespace "{namespace_of(cls, namespace)}"' if cls.NAMESPACED else ""
+    return f'{cls.KIND.lower()} "{name}" not found{where}'
+
+
+class Reads(revisions.Revisions):
+    """The reads of a Store."""
+
+    def _rows(
+        self,
+        cls: type[meta.Resource],
+        namespace: str | None,
+        names: Sequence[str] | None = None,
+        *,
+        for_update: bool = False,
+        decoded: bool = False,
+    ) -> Sequence[Row[Any]]:
+        """The rows, for `row_to_wire`; `decoded`: with the JSON documents decoded, to use."""
+        table = tables.table_of(cls.KIND)
+        query = select(table) if decoded else select(*tables.readable(table))
+        if namespace is not None or not cls.NAMESPACED:
+            query = query.where(table.c.namespace == namespace_of(cls, namespace))
+        if names is not None:
+            query = query.where(table.c.name.in_(names))
+        if for_update and self._dialect == "postgresql":  # SQLite's writers are serial already
+            query = query.with_for_update()
+        return self.execute(query.order_by(table.c.namespace, table.c.name)).all()
+
+    def list_wire(
+        self,
+        cls: type[meta.Resource],
+        namespace: str | None = None,
+        label_selector: selector.Selector | None = None,
+        names: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Objects in wire form, sorted by namespace and name; `namespace=None` means all."""
+        wires = [row_to_wire(cls, row) for row in self._rows(cls, namespace, names)]
+        if label_selector is not None:
+            wires = [w for w in wires if label_selector.matches(w["metadata"].get("labels", {}))]
+        return wires
+
+    def list_wire_labelled(
+        self, cls: type[meta.Resource], namespace: str, key: str, value: str
+    ) -> list[dict[str, Any]]:
+        """Objects of one namespace whose label `key` is `value`, in wire form, sorted by name;
+        the label is matched in SQL (a Sweep's Jobs, out of a namespace of many)."""
+        from sqlalchemy import func, type_coerce
+        from sqlalchemy.dialects import postgresql
+
+        table = tables.table_of(cls.KIND)
+        if self._dialect == "postgresql":  # JSONB containment, `labels @> '{key: value}'`
+            matches = type_coerce(table.c.labels, postgresql.JSONB).contains({key: value})
+        else:  # a quoted member name: `/` and `.` in the key are plain characters there
+            if '"' in key:  # a label key never holds one (meta.Labels); SQLite cannot quote it
+                raise ValueError(f"label key {key!r}: no double quotes")
+            matches = func.json_extract(table.c.labels, f'$."{key}"') == value
+        query = select(*tables.readable(table)).where(
+            table.c.namespace == namespace_of(cls, namespace), matches
+        )
+        rows = self.execute(query.order_by(table.c.name)).all()
+        return [row_to_wire(cls, row) for row in rows]
+
+    def list_objects(
+        self,
+        cls: type[T],
+        namespace: str | None = None,
+        label_selector: selector.Selector | None = None,
+    ) -> list[T]:
+        return [stored.validated(cls, w) for w in self.list_wire(cls, namespace, label_selector)]
+
+    def lock_objects(self, cls: type[T], namespace: str | None = None) -> list[T]:
+        """Read objects and hold them until this transaction ends, for a write that must not
+        lose a race it cannot win by retrying: a cordon against an agent whose status writes
+        come faster than a CLI process can read and write (PostgreSQL; on SQLite the write
+        transaction holds the whole database already)."""
+        if self._dialect == "postgresql":
+            # Every writer locks the revision row first (its first write bumps it): so must
+            # this one, before the objects, or it deadlocks with a writer waiting on them.
+            self.execute(select(revisions.REVISION.c.revision).with_for_update())
+        rows = self._rows(cls, namespace, for_update=True)
+        return [stored.validated(cls, row_to_wire(cls, row)) for row in rows]
+
+    def find(self, cls: type[T], name: str, namespace: str | None = None) -> T | None:
+        rows = self._rows(cls, namespace_of(cls, namespace), [name])
+        return stored.validated(cls, row_to_wire(cls, rows[0])) if rows else None
+
+    def get(self, cls: type[T], name: str, namespace: str | None = None) -> T:
+        found = self.find(cls, name, namespace)
+        if found is None:
+            raise errors.NotFound(namespaced_not_found(cls, name, namespace))
+        return found
+
+    def pending_wires(self) -> list[dict[str, Any]]:
+        """Jobs waiting for a place, unvalidated: higher priority first, then older first. A
+        shared read (`shared`): read them, never change them."""
+        table = tables.table_of(job.Job.KIND)
+        order = (table.c.priority.desc(), table.c.created_at, table.c.name)
+        return shared.wires(self.execute, job.Job, [table.c.phase == "Pending"], order)
+
+    def shared_wires(
+        self, cls: type[meta.Resource], namespace: str, names: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """The named objects of one namespace in wire form, by a shared read: read them, never
+        change them."""
+        table = tables.table_of(cls.KIND)
+        where = [table.c.namespace == namespace_of(cls, namespace), table.c.name.in_(names)]
+        return shared.wires(self.execute, cls, where, (table.c.name,))
+
+    def shared_objects(self, cls: type[T]) -> list[T]:
+        """Every object of a kind, sorted by namespace and name, by a shared read: the objects
+        are shared too, validated once per version; read them, never change them."""
+        table = tables.table_of(cls.KIND)
+        return shared.objects(self.execute, cls, [], (table.c.namespace, table.c.name))
+
+    def shared_active_bindings(self) -> list[binding.Binding]:
+        """`active_bindings()` by a shared read: read them, never change them (copy first)."""
+        table = tables.table_of(binding.Binding.KIND)
+        where = [table.c.phase.in_(sorted(binding.ACTIVE_PHASES))]
+        order = (table.c.namespace, table.c.name)
+        return shared.objects(self.execute, binding.Binding, where, order)
+
+    def find_many(self, cls: type[T], namespace: str, names: Sequence[str]) -> list[T]:
+        """The named objects of one namespace that exist, sorted by name."""
+        found: list[T] = []
+        ordered = sorted(set(names))
+        for start in range(0, len(ordered), 500):
+            rows = self._rows(cls, namespace_of(cls, namespace), ordered[start : start + 500])
+            found.extend(stored.validated(cls, row_to_wire(cls, row)) for row in rows)
+        return found
+
+    def bindings_of_many(self, job_uids: Sequence[str]) -> dict[str, list[binding.Binding]]:
+        """`bindings_of` for many Jobs at once, by Job uid (a Job with none is left out)."""
+        table = tables.table_of(binding.Binding.KIND)
+        found: dict[str, list[binding.Binding]] = {}
+        ordered = sorted(set(job_uids))
+        for start in range(0, len(ordered), 500):
+            chunk = ordered[start : start + 500]
+            for row in self.execute(
+                select(*tables.readable(table)).where(table.c.job_uid.in_(chunk))
+            ):
+                b = stored.validated(binding.Binding, row_to_wire(binding.Binding, row))
+                found.setdefault(row.job_uid, []).append(b)
+        for attempts in found.values():
+            attempts.sort(key=lambda b: b.spec.attempt)
+        return found
+
+    def bindings_of(self, job_uid: str) -> list[binding.Binding]:
+        """Every attempt of one Job, oldest first."""
+        table = tables.table_of(binding.Binding.KIND)
+        rows = self.execute(select(*tables.readable(table)).where(table.c.job_uid == job_uid)).all()
+        found = [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
+        return sorted(found, key=lambda b: b.spec.attempt)
+
+    def active_bindings(
+        self,
+        node_name: str | None = None,
+        phases: frozenset[str] = binding.ACTIVE_PHASES,
+        *,
+        skipped: list[errors.StoredInvalid] | None = None,
+    ) -> list[binding.Binding]:
+        """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases.
+        One that no longer validates raises StoredInvalid, or with `skipped` goes there."""
+        table = tables.table_of(binding.Binding.KIND)
+        query = select(*tables.readable(table)).where(table.c.phase.in_(sorted(phases)))
+        if node_name is not None:
+            query = query.where(table.c.node == node_name)
+        found = []
+        for row in self.execute(query).all():
+            try:
+                found.append(stored.validated(binding.Binding, row_to_wire(binding.Binding, row)))
+            except errors.StoredInvalid as exc:
+                if skipped is None:
+                    raise
+                skipped.append(exc)
+        return found
+
+    def any_queued_bindings(self) -> bool:
+        """Whether some attempt is bound ahead and not started: not taken by its agent, or
+        armed (the scheduler may still want either elsewhere)."""
+        table = tables.table_of(binding.Binding.KIND)
+        rows = self.execute(select(table.c.spec).where(table.c.phase.in_(("Pending", "Armed"))))
+        return any(
+            (json.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
+            for (spec,) in rows
+        )
