@@ -22,7 +22,7 @@ from typing import Any
 
 from controller import dirwatch
 from gctl.api import applyset, errors, failures, kinds, manifest, meta
-from gctl.store import applying, applysets, db, feed, store
+from gctl.store import applying, applysets, db, feed, planning, store
 
 log = logging.getLogger("gctl.sync")
 Key = applying.Key
@@ -142,14 +142,14 @@ class Syncer:
                 drift.append((obj, why))
             note = f" (drift reverted: {why})" if why else ""
             rerun = f" (rerun: {action.rerun})" if action.rerun else ""
-            outcome.lines.append(f"{applying.ref_of(obj)} {action.verb}{rerun}{note}")
+            outcome.lines.append(f"{planning.ref_of(obj)} {action.verb}{rerun}{note}")
         the_set = applysets.record_set(
             writer, options, results, now, held=held, drift_reverted=len(drift)
         )
         outcome.lines.append(f"applyset.gctl/{the_set.name} synced: {the_set.status.summary}")
         for obj, why in drift:
             done = "recreated" if why == DELETED_BY_HAND else "reverted"
-            message = f"{applying.ref_of(obj)}: {why}; {done} from {self.options.directory}"
+            message = f"{planning.ref_of(obj)}: {why}; {done} from {self.options.directory}"
             writer.record_event(
                 obj, applyset.REASON_DRIFT_REVERTED, message, type_="Warning", source=SOURCE
             )
@@ -158,17 +158,17 @@ class Syncer:
             )
         for action, obj in results:
             if action.verb == "pruned":
-                message = f"{applying.ref_of(obj)}: gone from {self.options.directory}; deleted"
+                message = f"{planning.ref_of(obj)}: gone from {self.options.directory}; deleted"
                 writer.record_event(the_set, applyset.REASON_PRUNED, message, source=SOURCE)
         outcome.revision = writer.written_revision
         stored = {
-            applying.key_of(obj): applying.applied_fingerprint(obj.wire())
+            applying.key_of(obj): planning.applied_fingerprint(obj.wire())
             for action, obj in results
             if action.verb != "pruned"
         }
         return outcome, stored
 
-    def _drift(self, action: applying.Action, sources: dict[Key, Fingerprint]) -> str | None:
+    def _drift(self, action: planning.Action, sources: dict[Key, Fingerprint]) -> str | None:
         """Why the stored object differed though its source did not: a change made by hand."""
         key = applying.key_of(action.desired)
         if action.verb not in ("created", "configured") or self._source.get(key) is None:
@@ -227,7 +227,7 @@ class Syncer:
             elif change.type == "DELETED":
                 found = True
             else:
-                found |= applying.applied_fingerprint(change.object) != stored[key]
+                found |= planning.applied_fingerprint(change.object) != stored[key]
         if changes:
             with self._lock:
                 self._own = {r for r in self._own if r > changes[-1].revision}
@@ -335,16 +335,16 @@ def _locate(texts: dict[str, str], message: str) -> applyset.SourceError:
 
 
 def _source_fingerprint(m: manifest.Manifest) -> Fingerprint:
-    return applying.applied_fingerprint(m.obj.wire())
+    return planning.applied_fingerprint(m.obj.wire())
 
 
 def _changed_field(current: meta.Resource, desired: meta.Resource) -> str:
     """The first field apply decides (spec, labels, annotations) that differs."""
     old, new = current.wire(), desired.wire()
     if old.get("spec") != new.get("spec"):
-        return applying.first_difference("spec", old.get("spec"), new.get("spec"))
+        return planning.first_difference("spec", old.get("spec"), new.get("spec"))
     for part in ("labels", "annotations"):
         before, after = old["metadata"].get(part, {}), new["metadata"].get(part, {})
         if before != after:
-            return applying.first_difference(f"metadata.{part}", before, after)
+            return planning.first_difference(f"metadata.{part}", before, after)
     return "metadata"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gctl.api import applyset, errors, job, manifest, meta
-from gctl.store import applying, applysets
+from gctl.store import applying, applysets, planning
 
 if TYPE_CHECKING:
     from gctl.store import db, store
@@ -63,7 +63,7 @@ def checked_set_flags(name: str, on_spec_change: str | None) -> applyset.OnSpecC
         raise errors.Invalid(f"--on-spec-change: {exc}") from None
 
 
-def line(action: applying.Action, obj: meta.Resource, suffix: str) -> str:
+def line(action: planning.Action, obj: meta.Resource, suffix: str) -> str:
     """`job.gctl/hello created`, `job.gctl/old pruned (dry run)`, and why a Job runs again."""
     why = f" (rerun: {action.rerun})" if action.rerun else ""
     return f"{obj.ref()} {action.verb}{why}{suffix}"
@@ -202,4 +202,4 @@ def _all_gone(left: dict[str | None, meta.Resource], changes: Sequence["store.Ch
 
 
 def _refs(objs: dict[str | None, meta.Resource]) -> str:
-    return ", ".join(applying.ref_of(obj) for obj in objs.values())
+    return ", ".join(planning.ref_of(obj) for obj in objs.values())

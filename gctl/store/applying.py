@@ -1,13 +1,14 @@
-"""Applying manifests: the pure decision over a snapshot, and its write in one transaction.
+"""Applying manifests: read a snapshot, decide on it, and write the decision in one transaction.
 
 Compute, then apply: read the objects the manifests name (and, for an ApplySet, its members),
-decide each one's action with a pure function (`plan`, `prune`), then write every action in one
-transaction. A stale read makes the transaction fail and the whole apply run again from a
-fresh read. One thing cannot be done in one transaction: replacing (`--force`) a started Job,
-whose finalizer holds its deletion until the controller has stopped its attempts; `apply`
-marks it deleted in a transaction of its own, waits, and then applies everything in one.
-`gctl apply` and `gctl diff` (gctl.cli.apply) and the GitOps sync (controller.sync) share it;
-the set's members and the ApplySet object itself are gctl.store.applysets'.
+decide each one's action with a pure function (`plan`, `prune`: gctl.store.planning), then
+write every action in one transaction. A stale read makes the transaction fail and the whole
+apply run again from a fresh read. One thing cannot be done in one transaction: replacing
+(`--force`) a started Job, whose finalizer holds its deletion until the controller has stopped
+its attempts; `apply` marks it deleted in a transaction of its own, waits, and then applies
+everything in one. `gctl apply` and `gctl diff` (gctl.cli.apply) and the GitOps sync
+(controller.sync) share it; the set's members and the ApplySet object itself are
+gctl.store.applysets'.
 
 The reading and writing go through the Store (SQLAlchemy), or, for the common case of a CLI
 apply that only creates objects in a SQLite file, through the driver alone (gctl.store.driver),
@@ -16,38 +17,24 @@ which starts in a fraction of the time. `apply_at` chooses, in one place; the de
 """
 
 import contextlib
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from gctl.api import applyset, errors, job, kinds, manifest, meta
-from gctl.store import applysets, bulk, driver, listing, stored
+from gctl.api import applyset, errors, manifest, meta
+from gctl.store import applysets, bulk, driver, listing, planning, stored
 
 if TYPE_CHECKING:  # SQLAlchemy's side: imported where the Store's path runs
     from gctl.store import db, store
 
 T = TypeVar("T", bound=meta.Resource)
-Verb = Literal["created", "configured", "unchanged", "replaced", "pruned"]
 _CHUNK = 500  # names per IN (...) query
-# The annotations gctl writes, a re-run's token and reason: apply keeps the stored values and
-# ignores a manifest's (an old token in a `get -o yaml` dump must not run the Job again).
-# Every other annotation, `gctl/` ones included, is the manifest's.
-SERVER_OWNED = frozenset({job.ANNOTATION_RERUN, job.ANNOTATION_RERUN_REASON})
 
 # The set's names, as apply's callers have always found them here.
 Key = applysets.Key
 SetOptions = applysets.SetOptions
 key_of = applysets.key_of
-
-
-@dataclass(frozen=True)
-class Action:
-    verb: Verb
-    source: manifest.Source | None  # None for a pruned object
-    desired: meta.Resource  # what the object will be (server fields from `current` if any)
-    current: meta.Resource | None
-    rerun: str | None = None  # why a started Job runs again with its new spec
 
 
 @dataclass(frozen=True)
@@ -83,13 +70,6 @@ class Creator(Reader, Protocol):
     def create_many(self, objs: Sequence[T]) -> list[T]: ...
 
 
-def ref_of(obj: meta.Resource) -> str:
-    """`job.gctl/hello`, with the namespace when it is not the default one."""
-    namespace = obj.metadata.namespace
-    where = f"{namespace}/" if namespace and namespace != kinds.DEFAULT_NAMESPACE else ""
-    return f"{obj.KIND.lower()}.gctl/{where}{obj.name}"
-
-
 # -- reading -----------------------------------------------------------------------------------
 
 
@@ -110,232 +90,6 @@ def snapshot(reader: Reader, manifests: Sequence[manifest.Manifest]) -> dict[Key
     return found
 
 
-# -- deciding (pure) ---------------------------------------------------------------------------
-
-
-def plan(
-    manifests: Sequence[manifest.Manifest],
-    current: dict[Key, meta.Resource],
-    force: bool,
-    *,
-    set_name: str | None = None,
-    set_policy: applyset.OnSpecChange | None = None,
-    now: datetime | None = None,
-) -> list[Action]:
-    """Decide what applying each manifest does; pure, so dry runs and tests share it.
-
-    With `set_name`, every object becomes a member of that ApplySet (its label); an object
-    that belongs to another set is refused. `set_policy` is the set's `onSpecChange`."""
-    actions = []
-    for m in manifests:
-        existing = current.get(key_of(m.obj))
-        labels = _labels(m, existing, set_name)
-        if applyset.LABEL in labels:
-            _check_no_ttl(m, labels[applyset.LABEL])
-        given = _without_server_owned(m.obj.metadata.annotations)
-        if existing is None:
-            created = _with_metadata(m.obj, labels, given)
-            actions.append(Action("created", m.source, created, None))
-            continue
-        _check_preconditions(m, existing)
-        annotations = given | _server_owned(existing.metadata.annotations)
-        desired = _with_metadata(existing, labels, annotations).model_copy(
-            update={"spec": m.obj.spec}
-        )
-        if _applied_fields(desired) == _applied_fields(existing):
-            actions.append(Action("unchanged", m.source, existing, existing))
-            continue
-        frozen = _frozen_field_changed(existing, desired)
-        if frozen is None:
-            actions.append(Action("configured", m.source, desired, existing))
-        elif force:
-            actions.append(Action("replaced", m.source, desired, existing))
-        elif existing.metadata.deletion_timestamp is not None:
-            raise _being_deleted(m, existing, frozen)
-        elif _policy(desired, set_policy) == applyset.RERUN:
-            actions.append(
-                _rerun(
-                    m.source,
-                    desired,
-                    existing=existing,
-                    frozen=frozen,
-                    set_name=set_name,
-                    now=now,
-                )
-            )
-        else:
-            raise errors.Forbidden(
-                f'{m.source} ({existing.KIND} "{existing.name}"): {frozen}: cannot change a '
-                f"started Job (phase {existing.status.phase}); apply with --force to delete "
-                "and recreate it, or set spec.onSpecChange: Rerun to stop it and run the new spec"
-            )
-    return actions
-
-
-def _being_deleted(m: manifest.Manifest, existing: meta.Resource, frozen: str) -> errors.Forbidden:
-    """A change that only a new Job can take, to a Job on its way out (Terminating): neither
-    the change nor a rerun would outlive it."""
-    return errors.Forbidden(
-        f'{m.source} ({existing.KIND} "{existing.name}"): {frozen}: cannot change a Job that '
-        "is being deleted (object is being deleted; its process may still be stopping); wait "
-        "for it to be gone and apply again, or apply with --force to replace it once it is gone"
-    )
-
-
-def prune(members: Iterable[meta.Resource], manifests: Sequence[manifest.Manifest]) -> list[Action]:
-    """The members the input no longer holds: deleted, as `gctl delete` deletes them.
-
-    Objects owned by another (a Sweep's Jobs) go with their owner and are never pruned, and
-    an object already being deleted needs nothing more."""
-    wanted = {key_of(m.obj) for m in manifests}
-    return [
-        Action("pruned", None, obj, obj)
-        for obj in members
-        if key_of(obj) not in wanted
-        and not any(owner.controller for owner in obj.metadata.owner_references)
-        and obj.metadata.deletion_timestamp is None
-    ]
-
-
-def _labels(
-    m: manifest.Manifest, existing: meta.Resource | None, set_name: str | None
-) -> dict[str, str]:
-    """The manifest's labels and the membership label: the set applying it, or else the one
-    it already has (a one-off `gctl apply` of a member does not take it out of its set)."""
-    labels = dict(m.obj.metadata.labels)
-    given = labels.get(applyset.LABEL)
-    held = existing.metadata.labels.get(applyset.LABEL) if existing is not None else None
-    where = f'{m.source} ({m.obj.KIND} "{m.obj.name}")'
-    if set_name is None:
-        if held is not None:
-            labels[applyset.LABEL] = held
-        return labels
-    if given is not None and given != set_name:
-        raise errors.Invalid(
-            f"{where}: metadata.labels.{applyset.LABEL}: {given!r} is not the applyset "
-            f"{set_name!r} being applied; remove the label, gctl sets it"
-        )
-    if held is not None and held != set_name:
-        raise errors.Forbidden(
-            f"{where}: {m.obj.KIND.lower()} {m.obj.name!r} already belongs to applyset "
-            f"{held!r}; remove it from that set's input (and apply it) first"
-        )
-    labels[applyset.LABEL] = set_name
-    return labels
-
-
-def _check_no_ttl(m: manifest.Manifest, set_name: str) -> None:
-    """A member Job's TTL would run it forever: the TTL deletes the finished Job, and the set,
-    whose input still holds it, creates it again."""
-    if isinstance(m.obj, job.Job) and m.obj.spec.ttl_seconds_after_finished is not None:
-        raise errors.Invalid(
-            f'{m.source} (Job "{m.obj.name}"): spec.ttlSecondsAfterFinished: not allowed in '
-            f"applyset {set_name!r}: once the TTL deleted the finished Job, the set would "
-            "recreate it and run it again; remove the field"
-        )
-
-
-def _with_metadata(
-    obj: meta.Resource, labels: dict[str, str], annotations: dict[str, str]
-) -> meta.Resource:
-    metadata = obj.metadata.model_copy(update={"labels": labels, "annotations": annotations})
-    return obj.model_copy(update={"metadata": metadata})
-
-
-def _server_owned(annotations: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in annotations.items() if k in SERVER_OWNED}
-
-
-def _applied_fields(obj: meta.Resource) -> tuple[Any, ...]:
-    return obj.spec, obj.metadata.labels, obj.metadata.annotations
-
-
-def applied_fingerprint(wire: dict[str, Any]) -> tuple[str, str, str]:
-    """What apply decides of a stored object, comparable across reads: spec, labels and the
-    annotations gctl does not own (a sync tells drift made by hand by it)."""
-    import json
-
-    metadata = wire["metadata"]
-    annotations = _without_server_owned(metadata.get("annotations", {}))
-    return (
-        json.dumps(wire.get("spec", {}), sort_keys=True),
-        json.dumps(metadata.get("labels", {}), sort_keys=True),
-        json.dumps(annotations, sort_keys=True),
-    )
-
-
-def _without_server_owned(annotations: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in annotations.items() if k not in SERVER_OWNED}
-
-
-def _policy(desired: meta.Resource, set_policy: applyset.OnSpecChange | None) -> str:
-    own = desired.spec.on_spec_change if isinstance(desired, job.Job) else None
-    return applyset.effective_policy(own, set_policy)
-
-
-def _rerun(
-    source: manifest.Source,
-    desired: meta.Resource,
-    *,
-    existing: meta.Resource,
-    frozen: str,
-    set_name: str | None,
-    now: datetime | None,
-) -> Action:
-    """The new spec, and a fresh re-run token: the Job controller stops the old run and
-    starts the new one (once per token), saying why."""
-    token = (now or meta.utcnow()).isoformat(timespec="microseconds").replace("+00:00", "Z")
-    why = f"{frozen} changed" + (f" (applyset {set_name})" if set_name else "")
-    annotations = desired.metadata.annotations | {
-        job.ANNOTATION_RERUN: token,
-        job.ANNOTATION_RERUN_REASON: why,
-    }
-    rerun = _with_metadata(desired, desired.metadata.labels, annotations)
-    return Action("configured", source, rerun, existing, rerun=why)
-
-
-def _check_preconditions(m: manifest.Manifest, existing: meta.Resource) -> None:
-    """A uid or resourceVersion in the manifest (as `get -o yaml` writes) must still hold."""
-    given = m.obj.metadata
-    where = f'{m.source} ({existing.KIND} "{existing.name}")'
-    if given.uid is not None and given.uid != existing.metadata.uid:
-        raise errors.Conflict(
-            f"{where}: metadata.uid {given.uid} is not the stored object's "
-            f"({existing.metadata.uid}): it was deleted and recreated; remove uid to apply"
-        )
-    rv = given.resource_version
-    if rv is not None and rv != existing.metadata.resource_version:
-        raise errors.Conflict(
-            f"{where}: metadata.resourceVersion {rv} is stale (now "
-            f"{existing.metadata.resource_version}): get it again, or remove resourceVersion"
-        )
-
-
-def _frozen_field_changed(existing: meta.Resource, desired: meta.Resource) -> str | None:
-    """The path of the first immutable field a change touches on a started Job, if any."""
-    if not isinstance(existing, job.Job) or not job.has_started(existing.wire()["status"]):
-        return None
-    old, new = existing.wire()["spec"], desired.wire()["spec"]
-    for name in job.IMMUTABLE_ONCE_STARTED:
-        if old.get(name) != new.get(name):
-            return "spec." + first_difference(name, old.get(name), new.get(name))
-    return None
-
-
-def first_difference(path: str, old: Any, new: Any) -> str:
-    """The path of the first field in which two differing wire values differ."""
-    # An empty mapping is dropped from the wire: `resources` absent is `resources: {}`.
-    if isinstance(old, dict) and new is None:
-        new = {}
-    elif isinstance(new, dict) and old is None:
-        old = {}
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                return first_difference(f"{path}.{key}", old.get(key), new.get(key))
-    return path
-
-
 # -- writing -----------------------------------------------------------------------------------
 
 
@@ -347,11 +101,11 @@ def decide(
     now: datetime | None = None,
     *,
     held: Sequence[meta.Resource] | None = None,
-) -> list[Action]:
+) -> list[planning.Action]:
     """Read what the manifests (and the set) touch, then plan: one action per manifest, in
     order, then one per member to prune. `held`: the set's members, if the caller read them."""
     if options is None:
-        return plan(manifests, snapshot(reader, manifests), force, now=now)
+        return planning.plan(manifests, snapshot(reader, manifests), force, now=now)
     from gctl.store import store
 
     if not isinstance(reader, store.Store):  # a set's members are found in SQL: the Store's
@@ -359,7 +113,7 @@ def decide(
     stored = reader.find(applyset.ApplySet, options.name)
     applysets.check_source(stored, options)
     policy = options.on_spec_change or (stored.spec.on_spec_change if stored else None)
-    actions = plan(
+    actions = planning.plan(
         manifests,
         snapshot(reader, manifests),
         force,
@@ -370,11 +124,11 @@ def decide(
     if options.prune:
         if held is None:
             held = applysets.members(reader, options.name)
-        actions += prune(held, manifests)
+        actions += planning.prune(held, manifests)
     return actions
 
 
-def execute(writer: "store.Store", actions: Sequence[Action]) -> list[meta.Resource]:
+def execute(writer: "store.Store", actions: Sequence[planning.Action]) -> list[meta.Resource]:
     """Write a plan; returns the objects as stored, in the order of the actions."""
     results = _created_or_kept(writer, actions)
     for index, action in enumerate(actions):
@@ -392,7 +146,9 @@ def execute(writer: "store.Store", actions: Sequence[Action]) -> list[meta.Resou
     return [obj for obj in results if obj is not None]
 
 
-def _created_or_kept(writer: Creator, actions: Sequence[Action]) -> list[meta.Resource | None]:
+def _created_or_kept(
+    writer: Creator, actions: Sequence[planning.Action]
+) -> list[meta.Resource | None]:
     """The creations, written together, and the unchanged objects as they are; None in the
     place of every other action, for `execute` to write."""
     results: list[meta.Resource | None] = [
@@ -406,7 +162,7 @@ def _created_or_kept(writer: Creator, actions: Sequence[Action]) -> list[meta.Re
     return results
 
 
-def _replace(writer: "store.Store", action: Action) -> meta.Resource:
+def _replace(writer: "store.Store", action: planning.Action) -> meta.Resource:
     """The object anew: the old one deleted first, in this transaction if nothing holds it;
     None as `current` when it was deleted before (`apply_in`'s first step)."""
     current = action.current
@@ -415,7 +171,7 @@ def _replace(writer: "store.Store", action: Action) -> meta.Resource:
             type(current), current.name, current.metadata.namespace, uid=current.metadata.uid
         )
         if not gone:  # `apply_in` deletes those first, in a transaction of their own
-            raise ValueError(f"{ref_of(current)}: its finalizers hold it: delete it first")
+            raise ValueError(f"{planning.ref_of(current)}: its finalizers hold it: delete it first")
     desired = action.desired
     fresh = desired.model_copy(
         update={  # a new object: new uid, fresh status
@@ -423,7 +179,7 @@ def _replace(writer: "store.Store", action: Action) -> meta.Resource:
                 name=desired.name,
                 namespace=desired.metadata.namespace,
                 labels=desired.metadata.labels,
-                annotations=_without_server_owned(desired.metadata.annotations),
+                annotations=planning.without_server_owned(desired.metadata.annotations),
             ),
             "status": type(desired.status)(),
         }
@@ -439,7 +195,7 @@ def apply_in(
     now: datetime | None = None,
     *,
     replacing: Collection[Key] = (),
-) -> list[tuple[Action, meta.Resource]] | Deleting:
+) -> list[tuple[planning.Action, meta.Resource]] | Deleting:
     """Decide and write, inside the caller's transaction; with a set, record it too.
 
     An object to replace that finalizers hold cannot be deleted and created anew in one
@@ -458,7 +214,7 @@ def apply_in(
     if finalized:
         return _delete_first(writer, finalized, since)
     actions = [
-        Action("replaced", a.source, a.desired, None)
+        planning.Action("replaced", a.source, a.desired, None)
         if a.verb == "created" and key_of(a.desired) in replacing
         else a
         for a in actions
@@ -486,7 +242,7 @@ def apply(
     options: SetOptions | None = None,
     *,
     wait_gone: WaitGone | None = None,
-) -> list[tuple[Action, meta.Resource]]:
+) -> list[tuple[planning.Action, meta.Resource]]:
     """Apply in one transaction, retried from a fresh read on a stale one; or, in a dry run,
     only decide.
 
@@ -512,7 +268,7 @@ def apply(
             return done
         replacing.update(key_of(obj) for obj in done.objects)
         if wait_gone is None:
-            refs = ", ".join(ref_of(obj) for obj in done.objects)
+            refs = ", ".join(planning.ref_of(obj) for obj in done.objects)
             raise errors.Conflict(
                 f"{refs}: marked for deletion, not yet gone (its finalizers hold it); "
                 "apply again once it is gone"
@@ -524,7 +280,7 @@ def apply(
 
 # What the driver's transaction writes itself (gctl.store.driver); a plan that holds anything
 # else goes through the Store.
-DIRECT: frozenset[Verb] = frozenset({"created", "unchanged"})
+DIRECT: frozenset[planning.Verb] = frozenset({"created", "unchanged"})
 
 
 def apply_at(
@@ -535,7 +291,7 @@ def apply_at(
     options: SetOptions | None = None,
     *,
     wait_gone: WaitGone | None = None,
-) -> list[tuple[Action, meta.Resource]]:
+) -> list[tuple[planning.Action, meta.Resource]]:
     """`apply` to the database at `url`, and the one place that chooses how: through the
     driver alone when it can do all of it (`apply_through_driver`), else through the Store,
     which creates or upgrades the schema, decides again from its own read, retries a stale
@@ -560,21 +316,21 @@ def decide_at(
     manifests: Sequence[manifest.Manifest],
     force: bool,
     options: SetOptions | None = None,
-) -> list[Action]:
+) -> list[planning.Action]:
     """What applying would do to the database at `url` (`gctl diff`): a dry run's actions."""
     return [action for action, _ in apply_at(url, manifests, force, True, options)]
 
 
 def apply_through_driver(
     url: str, manifests: Sequence[manifest.Manifest], force: bool, dry_run: bool
-) -> list[tuple[Action, meta.Resource]] | None:
+) -> list[tuple[planning.Action, meta.Resource]] | None:
     """`apply` without a set, in one transaction on the driver's connection (no SQLAlchemy to
     import), deciding with `decide` as the Store's path does. None, having written nothing,
     unless it could do all of it: a SQLite file with the current schema (`driver.run`), a plan
     decided without an error and, unless in a dry run, holding only creations and unchanged
     objects."""
 
-    def work(tx: driver.Transaction) -> list[tuple[Action, meta.Resource]] | None:
+    def work(tx: driver.Transaction) -> list[tuple[planning.Action, meta.Resource]] | None:
         try:
             actions = decide(tx, manifests, force, None)
         except errors.GctlError:

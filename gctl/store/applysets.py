@@ -16,7 +16,7 @@ from gctl.api import applyset, errors, kinds, meta
 from gctl.store import listing, stored
 
 if TYPE_CHECKING:
-    from gctl.store import applying, store
+    from gctl.store import planning, store
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -107,7 +107,7 @@ def ensure_set(writer: "store.Store", options: SetOptions) -> applyset.ApplySet:
 def record_set(
     writer: "store.Store",
     options: SetOptions,
-    results: Sequence[tuple["applying.Action", meta.Resource]],
+    results: Sequence[tuple["planning.Action", meta.Resource]],
     now: datetime,
     *,
     held: Iterable[meta.Resource],
@@ -169,7 +169,7 @@ def record_failure(
     return writer.update_status(the_set)
 
 
-def summary(actions: Iterable["applying.Action"]) -> str:
+def summary(actions: Iterable["planning.Action"]) -> str:
     """`2 created, 1 configured, 3 unchanged, 1 pruned`, in that order."""
     counts: dict[str, int] = {}
     for action in actions:

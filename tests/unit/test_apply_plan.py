@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gctl.api import applyset, errors, job, manifest, meta
-from gctl.store import applying, applysets
+from gctl.store import applysets, planning
 from tests.builders import JobBuilder, make_job
 
 SOURCE = manifest.Source("exp/a.yaml", 1)
@@ -33,11 +33,11 @@ def _plan(
     current: job.Job | None,
     set_name: str | None = "exp",
     policy: applyset.OnSpecChange | None = None,
-) -> applying.Action:
-    snapshot: dict[applying.Key, meta.Resource] = {}
+) -> planning.Action:
+    snapshot: dict[applysets.Key, meta.Resource] = {}
     if current is not None:
-        snapshot[applying.key_of(current)] = current
-    (action,) = applying.plan(
+        snapshot[applysets.key_of(current)] = current
+    (action,) = planning.plan(
         [_manifest(builder)], snapshot, False, set_name=set_name, set_policy=policy, now=NOW
     )
     return action
@@ -89,11 +89,11 @@ def _plan_manifest(
     current: job.Job | None,
     set_name: str | None = "exp",
     policy: applyset.OnSpecChange | None = None,
-) -> applying.Action:
-    snapshot: dict[applying.Key, meta.Resource] = {}
+) -> planning.Action:
+    snapshot: dict[applysets.Key, meta.Resource] = {}
     if current is not None:
-        snapshot[applying.key_of(current)] = current
-    (action,) = applying.plan([m], snapshot, False, set_name=set_name, set_policy=policy, now=NOW)
+        snapshot[applysets.key_of(current)] = current
+    (action,) = planning.plan([m], snapshot, False, set_name=set_name, set_policy=policy, now=NOW)
     return action
 
 
@@ -135,11 +135,11 @@ def test_a_rerun_on_change_sets_fresh_values_over_a_dumped_token() -> None:
 
 def test_drift_is_seen_on_other_gctl_annotations_only() -> None:
     wire = _stored(make_job("a")).wire()
-    before = applying.applied_fingerprint(wire)
+    before = planning.applied_fingerprint(wire)
     wire["metadata"]["annotations"] = {job.ANNOTATION_RERUN: "t2"}
-    assert applying.applied_fingerprint(wire) == before
+    assert planning.applied_fingerprint(wire) == before
     wire["metadata"]["annotations"] = {"gctl/simulated-duration": "5"}
-    assert applying.applied_fingerprint(wire) != before
+    assert planning.applied_fingerprint(wire) != before
 
 
 def _with_ttl(builder: JobBuilder) -> JobBuilder:
@@ -173,7 +173,7 @@ def _members(*stored: job.Job) -> list[meta.Resource]:
 def test_prune_takes_only_members_gone_from_the_input() -> None:
     kept = _stored(make_job("a").label(applyset.LABEL, "exp"), uid="1")
     gone = _stored(make_job("b").label(applyset.LABEL, "exp"), uid="2")
-    pruned = applying.prune(_members(kept, gone), [_manifest(make_job("a"))])
+    pruned = planning.prune(_members(kept, gone), [_manifest(make_job("a"))])
     assert [(a.verb, a.desired.name) for a in pruned] == [("pruned", "b")]
 
 
@@ -182,7 +182,7 @@ def test_prune_leaves_owned_and_terminating_members() -> None:
     owned.metadata.owner_references = [meta.OwnerReference(kind="Sweep", name="s", uid="u")]
     leaving = _stored(make_job("c").label(applyset.LABEL, "exp"), uid="2")
     leaving.metadata.deletion_timestamp = NOW
-    assert applying.prune(_members(owned, leaving), []) == []
+    assert planning.prune(_members(owned, leaving), []) == []
 
 
 @pytest.mark.parametrize(
@@ -223,8 +223,8 @@ def test_a_jobs_own_refuse_wins_over_its_sets_rerun() -> None:
 
 
 def test_summary_counts_in_order() -> None:
-    a = applying.Action("pruned", None, _stored(make_job("a")), None)
-    b = applying.Action("created", SOURCE, _stored(make_job("b")), None)
+    a = planning.Action("pruned", None, _stored(make_job("a")), None)
+    b = planning.Action("created", SOURCE, _stored(make_job("b")), None)
     assert applysets.summary([a, b, b]) == "2 created, 1 pruned"
     assert applysets.summary([]) == "nothing to apply"
 

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gctl.api import errors, job, manifest, meta
-from gctl.store import applying, applysets
+from gctl.store import applysets, planning
 from tests.builders import make_job
 
 SOURCE = manifest.Source("job.yaml", 1)
@@ -22,12 +22,12 @@ def _stored(builder_job: job.Job, phase: str = "Pending", rv: str = "7") -> job.
     return stored
 
 
-def _plan(desired: job.Job, current: job.Job | None, force: bool = False) -> applying.Action:
+def _plan(desired: job.Job, current: job.Job | None, force: bool = False) -> planning.Action:
     desired.metadata.namespace = desired.metadata.namespace or "default"
     snapshot: dict[applysets.Key, meta.Resource] = {}
     if current is not None:
         snapshot[applysets.key_of(current)] = current
-    (action,) = applying.plan([manifest.Manifest(SOURCE, desired)], snapshot, force)
+    (action,) = planning.plan([manifest.Manifest(SOURCE, desired)], snapshot, force)
     return action
 
 
