@@ -139,7 +139,7 @@ def test_follow_prints_the_output_as_it_is_written_then_exits(
 ) -> None:
     """-f on a running job: lines come while it runs, not at its end, and the command ends
     when the attempt does."""
-    gctl.ok("run", "--name", "ticker", "--", *_python(SLOW_PRINTER.format(n=8, every=0.4)))
+    gctl.ok("run", "--name", "ticker", "--", *_python(SLOW_PRINTER.format(n=20, every=0.3)))
     poll(lambda: running_attempt(database, "ticker"), "ticker to run")
     follower = gctl.popen("logs", "ticker", "-f", "--from-node")
     assert follower.stdout is not None
