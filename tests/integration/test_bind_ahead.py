@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controller import jobs, nodes, scheduling
+from controller import jobs, nodes, scheduling, writing
 from gctl.api import binding, errors, job, node
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node, report_attempt
@@ -114,7 +114,7 @@ def test_a_higher_priority_job_takes_its_place_and_it_waits_again(
     assert _attempts(database, "low") == []
     low = _get_job(database, "low")
     assert (low.status.phase, low.status.attempts, low.status.gpus) == ("Pending", 0, None)
-    assert _reasons(database, "low") == ["Scheduled", scheduling.REASON_UNBOUND]
+    assert _reasons(database, "low") == ["Scheduled", writing.REASON_UNBOUND]
     with database.read() as session:
         reader = store.Store(session)
         said = reader.events_for(reader.get(job.Job, "low", "default"))[-1].spec.message

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from controller import jobs, placement, reading, scheduling, telling
+from controller import jobs, placement, reading, scheduling, telling, writing
 from gctl.api import binding, errors, job, meta, node, pool, profile, queue
 from gctl.store import db, shared, store, tables
 from tests.builders import make_job, put_ready_node, report_attempt
@@ -171,7 +171,7 @@ def test_a_pass_out_of_time_leaves_the_rest_of_its_preemptions_to_the_next(
 ) -> None:
     """Preemptions are written a batch at a time within the pass's time limit; the next pass
     decides the rest again, and no attempt is preempted twice, nor any Job told twice."""
-    count = scheduling.BATCH + 6
+    count = writing.BATCH + 6
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", count)
@@ -191,7 +191,7 @@ def test_a_pass_out_of_time_leaves_the_rest_of_its_preemptions_to_the_next(
         with database.read() as session:
             return sum(1 for b in store.Store(session).active_bindings() if b.spec.stop_reason)
 
-    assert stopping() == scheduling.BATCH
+    assert stopping() == writing.BATCH
     _schedule(database)
     assert stopping() == count
     for index in range(count):
