@@ -6,10 +6,12 @@ these commands runs.
 
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -153,6 +155,10 @@ def _controller_runner(
 
 
 SWITCH_INTERVAL_S = 0.0005
+# How long a stop waits for the parts to finish the step they are in. A part still busy then
+# (a scheduling pass over 100,000 Jobs on a loaded host) is left: the process exits, and what
+# that step had not committed is rolled back, as at a crash, which loses nothing.
+STOP_GRACE_S = 5.0
 
 
 def _run(
@@ -186,8 +192,18 @@ def _run(
     why = f"received {received[0]}" if received else "a part stopped"
     outlive = "; running jobs keep running" if jobs_outlive else ""
     logging.getLogger("gctl").info("%s: shutting down%s", why, outlive)
+    deadline = time.monotonic() + STOP_GRACE_S
     for thread in threads:
-        thread.join(timeout=10)
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    if busy := [t.name for t in threads if t.is_alive()]:
+        logging.getLogger("gctl").warning(
+            "%s still busy after %gs: leaving it (what it had not committed is rolled back)",
+            ", ".join(busy),
+            STOP_GRACE_S,
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(1 if failures else 0)  # not the interpreter's exit: it would wait for them
     # The interpreter's exit collects every object the daemons made, a hundred thousand of
     # them (models, SQLAlchemy): most of a second on a busy host. Frozen, they are left to the
     # exit, which frees the process's memory in one piece anyway.
