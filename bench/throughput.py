@@ -7,6 +7,8 @@
   is committed to the database (SQLite with synchronous=FULL), the floor keeps none. Beside
   it, for information: the CPU time per job of `gctl up` (its threads and the fork server;
   /proc/PID/stat) and of the whole machine (/proc/stat: the supervisors and the jobs too).
+  And, for information, the CPU the Store alone spends per job on the seven object writes and
+  three Events of a job's lifecycle (bench.lifecycle), beside what the budget leaves each job.
 - packing-200: 200 `sleep 0.5` Jobs (the command itself, no shell) on 8 fake GPUs in one
   `gctl apply`: apply -> the last one Succeeded, against the ideal 12.5 s + 2%; and the mean gap
   between one attempt's end and the next one's start on the same GPU, as their supervisors
@@ -25,12 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import jobs as job_benchmarks
+from bench import lifecycle
 from bench.store import BenchError, Context, Result, progress, run_gctl
 from gctl.api import job
 from gctl.store import store
 
 THROUGHPUT_JOBS, THROUGHPUT_GPUS = 1000, 8
 THROUGHPUT_TIMEOUT_S = 600.0
+# A job's durable records alone (bench.lifecycle), in transactions of one GPU round of 8 Jobs
+# (as the daemons batch them) and of all 1,000 at once (the most batching could give).
+RECORD_ROUNDS = (THROUGHPUT_GPUS, THROUGHPUT_JOBS)
 PACKING_JOBS, PACKING_GPUS, PACKING_SLEEP_S = 200, 8, 0.5
 PACKING_IDEAL_S = PACKING_JOBS / PACKING_GPUS * PACKING_SLEEP_S
 PACKING_TIMEOUT_S = 300.0
@@ -70,6 +76,11 @@ def bench_throughput(ctx: Context) -> list[Result]:
         elapsed = max(rig.watcher.finished_at[n] for n in names) - start
     rate, floor_rate = THROUGHPUT_JOBS / elapsed, THROUGHPUT_JOBS / floor
     per_job = 1000 / THROUGHPUT_JOBS
+    progress("throughput-1000: the records alone, through the Store...")
+    with job_benchmarks.fresh_database(ctx, "throughput-1000-records") as url:
+        records = {n: lifecycle.cpu_ms_per_job(url, THROUGHPUT_JOBS, n) for n in RECORD_ROUNDS}
+    # The CPU the budget leaves each job, for everything: the two-fold floor's time, all cores.
+    allowed = floor * 2 * (os.cpu_count() or 1) * per_job
     return [
         Result(
             "throughput-1000",
@@ -94,6 +105,17 @@ def bench_throughput(ctx: Context) -> list[Result]:
             None,
             kind="info",
             note="CPU per job, every process (supervisors, jobs ...)",
+        ),
+        *(
+            Result(
+                f"throughput-1000-records-{n}",
+                ms,
+                "ms",
+                None,
+                kind="info",
+                note=f"CPU per job, the Store alone, rounds of {n}; budget leaves {allowed:.1f}",
+            )
+            for n, ms in records.items()
         ),
     ]
 
