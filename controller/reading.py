@@ -146,19 +146,19 @@ def _valid_active_bindings(
         return reader.shared_active_bindings(), set()
     except errors.StoredInvalid:
         pass
-    active, lost = [], set()
-    for w in reader.list_wire(binding.Binding):
-        status = w["status"] if isinstance(w["status"], dict) else {}
-        if status.get("phase", "Pending") not in binding.ACTIVE_PHASES:
-            continue
-        try:
-            active.append(stored.validated(binding.Binding, w))
-        except errors.StoredInvalid as exc:
-            where = w["spec"].get("node") if isinstance(w["spec"], dict) else None
-            if not isinstance(where, str):
-                raise
-            aside.found.append(exc)
-            lost.add(where)
+    skipped: list[errors.StoredInvalid] = []
+    active = sorted(reader.active_bindings(skipped=skipped), key=lambda b: (b.namespace, b.name))
+    lost = set()  # in the shared read's order
+    for exc in skipped:
+        _, namespace, name = exc.key
+        spec = next(iter(reader.list_wire(binding.Binding, namespace, names=[name])), {}).get(
+            "spec"
+        )
+        where = spec.get("node") if isinstance(spec, dict) else None
+        if not isinstance(where, str):
+            raise exc
+        aside.found.append(exc)
+        lost.add(where)
     return active, lost
 
 
