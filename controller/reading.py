@@ -147,8 +147,9 @@ def _valid_active_bindings(
     except errors.StoredInvalid:
         pass
     skipped: list[errors.StoredInvalid] = []
-    active = sorted(reader.active_bindings(skipped=skipped), key=lambda b: (b.namespace, b.name))
-    lost = set()  # in the shared read's order
+    active = reader.active_bindings(skipped=skipped)
+    active.sort(key=lambda b: (b.namespace, b.name))  # the shared read's order
+    lost = set()
     for exc in skipped:
         _, namespace, name = exc.key
         spec = next(iter(reader.list_wire(binding.Binding, namespace, names=[name])), {}).get(
