@@ -53,6 +53,7 @@ EDIT_MARGIN_NS = 2_000_000_000
 PRELOAD = (
     "gctl.cli.main",
     "gctl.cli.commands",
+    "gctl.cli.getting",
     "gctl.cli.apply",
     "gctl.cli.describe",
     "gctl.cli.draining",

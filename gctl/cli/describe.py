@@ -4,15 +4,20 @@ Spec and status print as an indented tree with Title Case keys, but for the keys
 (labels, annotations and node labels as `k=v`, env and matrix keys as written); conditions and
 events as tables. A value or message longer than the line wraps below itself, within the
 terminal's width (100 columns through a pipe).
+
+`describe` itself, at the end, reads each object with its events through the Store, and what
+the sections beside it need: the queue (for a pending Job), the chain of dependencies, a pool's
+usage as `get pools` counts it (through `getting`).
 """
 
 import re
 import shlex
-from datetime import datetime
+import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import event
-from gctl.cli import cells, fitting, views
+from gctl.api import errors, event, kinds, queue
+from gctl.cli import cells, fitting, getting, views
 
 if TYPE_CHECKING:
     from gctl.store import store
@@ -325,3 +330,77 @@ def _section(
     if not rows:
         return [f"{heading:<14}{cells.NONE}"] if always else []
     return [heading, *_table(headers, rows, width=width)]
+
+
+def describe(*, resource: str, names: list[str], namespace: str | None, db_url: str | None) -> None:
+    for number, (info, group) in enumerate(getting.resource_and_names(resource, names)):
+        if number:
+            sys.stdout.write("\n\n")
+        _describe_kind(info, group, namespace, db_url)
+
+
+def _describe_kind(
+    info: kinds.KindInfo, names: list[str], namespace: str | None, db_url: str | None
+) -> None:
+    from gctl.store import db, store, stored
+
+    cls = kinds.model(info.kind)
+    where = getting.scope(info, namespace, False)
+    database = db.Database.open(db_url)
+    with database.read() as session:
+        reader = store.Store(session)
+        wires = reader.list_wire(cls, where, names=names or None)
+        if info is kinds.GPUPOOL and (not names or views.DEFAULT_POOL in names):
+            wires = _with_default_pool(wires)
+        missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
+        if missing:
+            raise errors.NotFound(getting.not_found(info, missing[0], where))
+        if not wires:
+            getting.no_resources(info, where)
+            return
+        events = [
+            reader.events_for(stored.validated(cls, wire)) if "uid" in wire["metadata"] else []
+            for wire in wires
+        ]
+        now, width = datetime.now(UTC), fitting.screen_width(sys.stdout)
+        if info is kinds.JOB and any(queue.pending(w) and not queue.held(w, now) for w in wires):
+            getting.number_queue(
+                wires,
+                reader.pending_wires(),
+                reader.list_wire(kinds.model(kinds.GPUPOOL.kind)),
+                lambda kind, ns, its: reader.list_wire(kinds.model(kind.kind), ns, names=its),
+            )
+        chain = Chain(reader)  # each namespace's Jobs and Sweeps, read once
+        usage = _usage_by_pool(db_url, wires, width) if info is kinds.GPUPOOL else {}
+        texts = [
+            render(
+                w,
+                found,
+                now,
+                related(reader, w, chain, width) + usage.get(w["metadata"]["name"], []),
+                width,
+            )
+            for w, found in zip(wires, events, strict=True)
+        ]
+    sys.stdout.write("\n\n".join(texts))
+
+
+def _with_default_pool(pools: list[views.Wire]) -> list[views.Wire]:
+    """`views.with_implicit_default`, its spec filled in with the defaults the scheduler uses
+    for it, so that `describe` says how it behaves."""
+    from gctl.api import pool
+
+    found = views.with_implicit_default(pools)
+    for p in found:
+        if "uid" not in p["metadata"]:
+            p["spec"] = pool.GPUPoolSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    return found
+
+
+def _usage_by_pool(db_url: str | None, pools: list[views.Wire], width: int) -> dict[str, list[str]]:
+    """Each pool's Usage section, by name, counted as `get pools` counts it."""
+    nodes = getting.list_kind(db_url, kinds.NODE, None, None).wires
+    return {
+        p["metadata"]["name"]: pool_usage(p, views.pool_gpus(p, nodes), width)
+        for p in getting.with_views(db_url, kinds.GPUPOOL.kind, pools)
+    }

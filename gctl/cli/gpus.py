@@ -35,7 +35,7 @@ def get_gpus(
     show_labels: bool,
     db_url: str | None,
 ) -> None:
-    from gctl.cli import commands
+    from gctl.cli import getting
 
     if show_labels:
         raise errors.Invalid("get gpus: --show-labels is for stored kinds; select nodes with -l")
@@ -49,11 +49,11 @@ def get_gpus(
             label_selector is None or label_selector.matches(node["metadata"].get("labels", {}))
         )
 
-    listed = commands._list(db_url, kinds.NODE, None, nodes or None)
+    listed = getting.list_kind(db_url, kinds.NODE, None, nodes or None)
     missing = sorted(set(nodes) - {w["metadata"]["name"] for w in listed.wires})
     if missing and not following:
         raise errors.NotFound(f'node "{missing[0]}" not found')
-    held = commands._list(db_url, kinds.BINDING, None, None)
+    held = getting.list_kind(db_url, kinds.BINDING, None, None)
     tracker = Tracker(wanted)
     tracker.start(listed.wires, held.wires)
     rows = tracker.changed(tracker.nodes)

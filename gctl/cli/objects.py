@@ -172,9 +172,9 @@ def get(
             db_url=db,
         )
         return
-    from gctl.cli import commands
+    from gctl.cli import getting
 
-    flags = commands.GetFlags(
+    flags = getting.GetFlags(
         output=output,
         selector_text=selector,
         namespace=namespace,
@@ -184,7 +184,7 @@ def get(
         show_labels=show_labels,
         db_url=db,
     )
-    commands.get(resource=resource, names=names or [], flags=flags)
+    getting.get(resource=resource, names=names or [], flags=flags)
 
 
 def describe(
@@ -194,9 +194,9 @@ def describe(
     db: DbOpt = None,
 ) -> None:
     """Show an object's spec, status, conditions and recent events."""
-    from gctl.cli import commands
+    from gctl.cli import describe as describing
 
-    commands.describe(resource=resource, names=names or [], namespace=namespace, db_url=db)
+    describing.describe(resource=resource, names=names or [], namespace=namespace, db_url=db)
 
 
 def delete(

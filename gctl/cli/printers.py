@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from gctl.api import kinds
+from gctl.api import errors, kinds
 from gctl.cli import cells, fitting
 
 Wire = dict[str, Any]
@@ -119,3 +119,8 @@ def print_objects(
 
 
 OUTPUTS = ("", "wide", "yaml", "json", "name")
+
+
+def check_output(output: str) -> None:
+    if output not in OUTPUTS:
+        raise errors.Invalid(f"-o {output}: use one of wide, yaml, json, name")

@@ -10,15 +10,15 @@ import yaml
 
 from controller import reading, scheduling
 from gctl.api import meta, node
-from gctl.cli import commands, gpus
+from gctl.cli import getting, gpus
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node, report_attempt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _flags(database: db.Database, output: str = "") -> commands.GetFlags:
-    return commands.GetFlags(
+def _flags(database: db.Database, output: str = "") -> getting.GetFlags:
+    return getting.GetFlags(
         output=output,
         selector_text=None,
         namespace=None,
@@ -87,7 +87,7 @@ def _get(
             db_url=database.url,
         )
     else:
-        commands.get(resource=resource, names=[], flags=_flags(database, output))
+        getting.get(resource=resource, names=[], flags=_flags(database, output))
     return capsys.readouterr().out
 
 
