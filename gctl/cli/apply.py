@@ -123,9 +123,9 @@ class DeletionWait:
     was written; applying again finishes the work."""
 
     def __init__(self, timeout: str | None) -> None:
-        from gctl.cli import running
+        from gctl.cli import waiting
 
-        self._seconds = running.parse_timeout(timeout) if timeout is not None else None
+        self._seconds = waiting.parse_timeout(timeout) if timeout is not None else None
         self._started = 0.0
         self._notes = 0  # progress lines printed
 

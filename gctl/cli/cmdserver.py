@@ -60,6 +60,7 @@ PRELOAD = (
     "gctl.cli.printers",
     "gctl.cli.rerunning",
     "gctl.cli.running",
+    "gctl.cli.waiting",
     "gctl.cli.views",
     "gctl.api.kinds",
     "gctl.api.manifest",

@@ -327,10 +327,10 @@ def drain(
 ) -> None:
     """Close the targets, evict what runs there if asked, and say which are empty already;
     with --wait (or a --timeout) follow the feed until the rest are."""
-    from gctl.cli import running
+    from gctl.cli import waiting
     from gctl.store import db, store
 
-    seconds = running.parse_timeout(timeout) if timeout is not None else None
+    seconds = waiting.parse_timeout(timeout) if timeout is not None else None
     targets = parse_targets("drain", words, node_flag)
     database = db.Database.open(db_url)
 

@@ -258,9 +258,9 @@ def wait(
     db: DbOpt = None,
 ) -> None:
     """Wait until objects meet a condition or are deleted, like kubectl wait."""
-    from gctl.cli import running
+    from gctl.cli import waiting
 
-    running.wait(
+    waiting.wait(
         resource=resource,
         names=names or [],
         conditions=for_ or [],
