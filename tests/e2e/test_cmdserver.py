@@ -24,7 +24,7 @@ import pytest
 
 import gctl
 from gctl.api import job
-from gctl.cli import client, cmdserver
+from gctl.cli import client, cmdchild, cmdloop, cmdserver
 from gctl.store import db, store
 from tests.conftest import GCTL_BIN, Gctl
 from tests.e2e.conftest import until
@@ -405,7 +405,7 @@ def test_a_child_whose_pid_never_reached_its_client_runs_nothing(tmp_path: Path)
     theirs.close()  # the client is gone before the pid can reach it
     fds = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
     fds.append(os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
-    request = cmdserver.Request(
+    request = cmdchild.Request(
         ["gctl", "apply", "-f", str(manifest)],
         {**os.environ, "GCTL_DB": url},
         0o022,
@@ -414,7 +414,7 @@ def test_a_child_whose_pid_never_reached_its_client_runs_nothing(tmp_path: Path)
         [("utf-8", "strict")] * 3,
         fds,
     )
-    server = cmdserver.Server(str(tmp_path / "x.sock"), None, None, (), ())
+    server = cmdloop.Server(str(tmp_path / "x.sock"), None, None, (), ())
     server._fork(mine, request)
     [child] = server.children.values()
     _, status = os.waitpid(child.pid, 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gctl.cli import client, cmdserver
+from gctl.cli import client, cmdchild, cmdloop
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_a_requests_mask_keeps_only_the_signals_a_mask_may_name() -> None:
         "blocked": [0, -1, 2, 10, 32, 33, 34, signal.SIGRTMAX, signal.NSIG],
         "stdio": [["utf-8", "strict"]] * 3,
     }
-    request = cmdserver.Request.parse(message, [-1] * cmdserver.FDS)
+    request = cmdchild.Request.parse(message, [-1] * cmdchild.FDS)
     assert request.blocked == [2, 10, 34, int(signal.SIGRTMAX)]
 
 
@@ -139,14 +139,14 @@ def test_the_fingerprint_changes_when_an_imported_module_file_does(
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("fingerprinted_pkg.mod")
     try:
-        files = cmdserver.watched_files((os.path.join(str(package), ""),))
-        before = cmdserver.fingerprint(files)
+        files = cmdloop.watched_files((os.path.join(str(package), ""),))
+        before = cmdloop.fingerprint(files)
         assert any(path == str(module) for path, _, _ in before)
-        assert cmdserver.fingerprint(files) == before
+        assert cmdloop.fingerprint(files) == before
 
         info = module.stat()
         os.utime(module, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
-        assert cmdserver.fingerprint(files) != before
+        assert cmdloop.fingerprint(files) != before
     finally:
         for name in ("fingerprinted_pkg.mod", "fingerprinted_pkg"):
             sys.modules.pop(name, None)
