@@ -159,7 +159,7 @@ def test_follow_prints_the_output_as_it_is_written_then_exits(
     assert result.code == 0, result.err
     assert rest, "not ended in time"
     assert first[0] + rest[0] == _log_of(database, "ticker").decode()
-    assert rest[0].endswith("line 7\nline 8\n")
+    assert rest[0].endswith("line 19\nline 20\n")
     assert _requests_left(database) == (0, 0)
 
 
