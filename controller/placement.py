@@ -206,8 +206,8 @@ class _Planner(ahead.BindingAhead):
             message = f'GPUPool "{request.pool}" not found: create it, or change spec.pool'
             if (invalid := self.invalid_pools.get(request.pool)) is not None:
                 message = (
-                    f'GPUPool "{request.pool}" as stored does not validate ({invalid}): '
-                    "apply it again, fixed"
+                    f'GPUPool "{request.pool}" as stored does not validate ({invalid}): fix '
+                    "or delete its row in the database"
                 )
             return Decision(request, reason=job.REASON_POOL_NOT_FOUND, message=message)
         if 0 < request.gpus < 1 and not found.allow_fractions:

@@ -397,8 +397,8 @@ def request_of(w: Wire, world: World) -> placement.Request:
         if (invalid := world.invalid_profiles.get(wanted_profile)) is not None:
             problem = (
                 job.REASON_PROFILE_NOT_FOUND,
-                f'GPUProfile "{wanted_profile}" as stored does not validate ({invalid}): apply '
-                "it again, fixed",
+                f'GPUProfile "{wanted_profile}" as stored does not validate ({invalid}): fix '
+                "or delete its row in the database",
             )
     gpus = resources.get("gpus", found.gpus if found else 1)
     memory = resources.get("gpuMemory", found.gpu_memory if found else None)

@@ -85,7 +85,7 @@ def apply(
             jobs.ask_back(writer, shared.model_copy(deep=True))
         elif id(d) not in held:
             giving_up.append(d)
-    _give_up_places(writer, giving_up, by_key, world, now, takers=_takers(changed))
+    _give_up_places(writer, giving_up, by_key, world, now, takers=_takers(decisions))
     _rearmable(writer, decisions, world)
     decisions = [d for d in decisions if id(d) not in held]
     created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
@@ -215,14 +215,17 @@ def _uids(d: placement.Decision, created: dict[Key, str]) -> list[str]:
     return uids
 
 
-def _takers(placed: list[placement.Decision]) -> dict[tuple[str, int], placement.Request]:
-    """(node, GPU) -> the Job this pass binds there, ahead or to start now."""
-    return {
-        (d.placement.node, gpu): d.request
-        for d in placed
-        if d.placement is not None
-        for gpu in d.placement.gpus
-    }
+def _takers(decisions: list[placement.Decision]) -> dict[tuple[str, int], placement.Request]:
+    """(node, GPU) -> the Job this pass binds there (ahead, or to start now), else the one it
+    holds it for (a Job that preempts, waits for a job stopping, or reserves)."""
+    found: dict[tuple[str, int], placement.Request] = {}
+    for d in decisions:
+        if d.placement is not None:
+            found.update(((d.placement.node, gpu), d.request) for gpu in d.placement.gpus)
+    for d in decisions:
+        for held in d.held:
+            found.setdefault(held, d.request)
+    return found
 
 
 def _give_up_places(

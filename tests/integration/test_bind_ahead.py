@@ -123,6 +123,31 @@ def test_a_higher_priority_job_takes_its_place_and_it_waits_again(
     assert high.spec.after == [_attempts(database, "running")[0].metadata.uid]
 
 
+def test_a_job_that_preempts_for_its_place_is_named_by_the_unbound_event(
+    database: db.Database,
+) -> None:
+    """QA's case: `boss` preempts `run0` and holds its GPU until it stops: `waiter`, bound
+    ahead behind `run0`, gives up its place to `boss`, which binds nothing yet."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 1, T0)
+        writer.create(make_job("run0").priority(1).build())
+    _schedule(database)
+    report_attempt(database, "run0-1", "Running", T0)
+    with database.write() as session:
+        store.Store(session).create(make_job("waiter").build())
+    _schedule(database)
+    assert [b.metadata.name for b in _attempts(database, "waiter")] == ["waiter-1"]
+    with database.write() as session:
+        store.Store(session).create(make_job("boss").priority(50).build())
+    _schedule(database)
+    assert _attempts(database, "waiter") == []
+    with database.read() as session:
+        reader = store.Store(session)
+        said = reader.events_for(reader.get(job.Job, "waiter", "default"))[-1].spec.message
+    assert said.startswith("attempt 1, bound ahead to n1 GPUs [0], gave up its place to boss: ")
+
+
 def test_an_attempt_its_agent_took_is_not_moved(database: db.Database) -> None:
     """The pass removes exactly the Binding it read: once the agent wrote Starting, the remove
     conflicts, the transaction rolls back, and a fresh pass sees the attempt as started."""

@@ -132,13 +132,13 @@ def test_jobs_of_a_pool_that_does_not_validate_are_told_why_and_others_run(
     assert _bound(database, "free") == ("n1", [0])
     assert _waiting(database, "research") == (
         job.REASON_POOL_NOT_FOUND,
-        'GPUPool "research" as stored does not validate (spec.colour: unknown field): apply it '
-        "again, fixed",
+        'GPUPool "research" as stored does not validate (spec.colour: unknown field): fix or '
+        "delete its row in the database",
     )
     assert _waiting(database, "named") == (
         job.REASON_PROFILE_NOT_FOUND,
-        'GPUProfile "big" as stored does not validate (spec.colour: unknown field): apply it '
-        "again, fixed",
+        'GPUProfile "big" as stored does not validate (spec.colour: unknown field): fix or '
+        "delete its row in the database",
     )
     assert {exc.key[0] for exc in aside.found} == {"GPUPool", "GPUProfile"}
 
