@@ -58,6 +58,11 @@ def _logging() -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    # Of Alembic's lines on a new database, only the migrations it runs say something.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    logging.getLogger("alembic.runtime.migration").addFilter(
+        lambda record: record.getMessage().startswith("Running upgrade")
+    )
 
 
 def _stop_on_signals() -> tuple[threading.Event, list[str]]:
@@ -69,7 +74,12 @@ def _stop_on_signals() -> tuple[threading.Event, list[str]]:
     received: list[str] = []
 
     def handler(signum: int, _frame: object) -> None:
-        received.append(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if received:  # a second one: do not wait for the parts (`STOP_GRACE_S`)
+            logging.getLogger("gctl").warning("received %s again: leaving at once", name)
+            logging.shutdown()
+            os._exit(0)
+        received.append(name)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)

@@ -183,3 +183,30 @@ def test_a_part_still_busy_after_the_grace_is_left_and_the_process_exits(tmp_pat
     )
     assert "Traceback" not in err
     assert out == ""  # left at once: not the interpreter's exit, which would wait for it
+
+
+def test_a_second_signal_leaves_at_once(tmp_path: Path) -> None:
+    """Ctrl-C twice: the second does not wait out the grace for a busy part."""
+    from gctl.cli import daemons
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", STUCK_DAEMONS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "running\n"
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert took < daemons.STOP_GRACE_S, err
+    assert "received SIGINT again: leaving at once" in err
