@@ -104,6 +104,9 @@ class Controller:
             written.clear()
         for invalid in aside.found:  # left out by the pass
             self._set_aside(invalid)
+        if aside.found:  # a row fixed by hand wakes nothing: look again in a minute
+            recheck = self.clock() + INVALID_RECHECK
+            due = recheck if due is None else min(due, recheck)
         if key == SCHEDULE and written and written[0] is not None:
             self._passes.add(written[0])
         if key == SCHEDULE:  # a pass sees everything: when the one after it is due replaces

@@ -92,10 +92,15 @@ def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
     profiles = {p.name: p.spec for p in _valid(reader, profile.GPUProfile, aside)}
     active, lost_nodes = _valid_active_bindings(reader, aside)
     nodes, gpus = [], []
-    for n in _valid(reader, node.Node, aside, shared_read=True):
-        if n.name in lost_nodes:
-            continue
+    invalid_nodes: list[Wire] = []
+    for n in _valid(reader, node.Node, aside, shared_read=True, invalid=invalid_nodes):
         found, its_gpus = node_of(n)
+        if n.name in lost_nodes:
+            found, its_gpus = _closed(found, its_gpus, ATTEMPT_SET_ASIDE)
+        nodes.append(found)
+        gpus.extend(its_gpus)
+    for w in invalid_nodes:
+        found, its_gpus = _closed(*_raw_node(w), NODE_SET_ASIDE)
         nodes.append(found)
         gpus.extend(its_gpus)
     running = _jobs_of(reader, active)
@@ -114,26 +119,57 @@ def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
 
 
 def _valid(
-    reader: store.Store, cls: type[T], aside: SetAside, *, shared_read: bool = False
+    reader: store.Store,
+    cls: type[T],
+    aside: SetAside,
+    *,
+    shared_read: bool = False,
+    invalid: list[Wire] | None = None,
 ) -> list[T]:
-    """Every object of a kind that validates, in the usual order. Only when one does not is
-    each validated alone, to leave that one out: a read costs nothing more until then."""
+    """Every object of a kind that validates, in the usual order; those that do not go to
+    `invalid`, as stored. Only when one does not is each validated alone, to leave that one
+    out: a read costs nothing more until then."""
     read: Callable[[type[T]], list[T]]
     read = reader.shared_objects if shared_read else reader.list_objects
     try:
         return read(cls)
     except errors.StoredInvalid:
-        return _validated_each(reader.list_wire(cls), cls, aside)
-
-
-def _validated_each(wires: list[Wire], cls: type[T], aside: SetAside) -> list[T]:
+        pass
     found = []
-    for w in wires:
+    for w in reader.list_wire(cls):
         try:
             found.append(stored.validated(cls, w))
         except errors.StoredInvalid as exc:
             aside.found.append(exc)
+            if invalid is not None:
+                invalid.append(w)
     return found
+
+
+# The states of the GPUs of a Node set aside, or of one where an attempt is (said in the
+# messages of the Jobs that wait: "0/4 GPUs fit: 4 on a node that does not validate").
+NODE_SET_ASIDE = "On a node that does not validate"
+ATTEMPT_SET_ASIDE = "Beside an attempt that does not validate"
+
+
+def _closed(
+    found: placement.Node, gpus: list[placement.GPU], state: str
+) -> tuple[placement.Node, list[placement.GPU]]:
+    """The Node and its GPUs, taking no new work, for `state`."""
+    closed = [dataclasses.replace(g, state=state) for g in gpus]
+    return dataclasses.replace(found, state=state), closed
+
+
+def _raw_node(w: Wire) -> tuple[placement.Node, list[placement.GPU]]:
+    """What can be read of a Node that does not validate: its name, and the GPUs its status
+    lists with an index (to count them in messages). Its state closes it, and names why (its
+    Ready condition cannot be read, and would say less)."""
+    name = w["metadata"]["name"]
+    status = w["status"] if isinstance(w["status"], dict) else {}
+    listed = status.get("gpus")
+    entries = [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
+    indices = {g["index"] for g in entries if isinstance(g.get("index"), int)}
+    return placement.Node(name), [placement.GPU(name, i) for i in sorted(indices)]
 
 
 def _valid_active_bindings(

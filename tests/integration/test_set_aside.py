@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controller import manager, reading, scheduling
-from gctl.api import binding, errors, job, meta, pool, profile
+from gctl.api import binding, errors, job, meta, node, pool, profile
 from gctl.store import db, store
 from tests.builders import corrupt, make_binding, make_job, put_ready_node, stored, warnings_about
 
@@ -35,6 +35,12 @@ def _create(database: db.Database, *objects: Any, nodes: dict[str, int]) -> None
             put_ready_node(writer, name, gpus, T0)
         for obj in objects:
             writer.create(obj)
+
+
+def _no_binding_ahead() -> pool.GPUPool:
+    return pool.GPUPool(
+        metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
+    )
 
 
 def _waiting(database: db.Database, name: str) -> tuple[str, str]:
@@ -99,12 +105,19 @@ def test_a_malformed_pending_job_fails_a_pass_once_and_is_then_left_out(
 
 
 def test_a_node_that_does_not_validate_takes_no_jobs(database: db.Database) -> None:
-    _create(database, make_job("one").build(), nodes={"n1": 1, "n2": 1})
+    """And those that wait are told why (in a pool that does not bind ahead)."""
+    _create(database, _no_binding_ahead(), make_job("one").build(), nodes={"n1": 1, "n2": 1})
     corrupt(database, "Node", "n1", spec={"unschedulable": "sometimes"})
     aside = reading.SetAside()
     _pass(database, aside)
     assert _bound(database, "one") == ("n2", [0])
     assert {exc.key for exc in aside.found} == {("Node", "", "n1")}
+    _create(database, make_job("two").build(), nodes={})
+    _pass(database, aside)
+    assert _waiting(database, "two") == (
+        job.REASON_UNSCHEDULABLE,
+        "0/2 GPUs fit: 1 in use, 1 on a node that does not validate",
+    )
 
 
 def test_jobs_of_a_pool_that_does_not_validate_are_told_why_and_others_run(
@@ -149,6 +162,7 @@ def test_nothing_new_goes_to_the_node_of_an_active_binding_that_does_not_validat
     """What that attempt holds is not known: n1's free GPU 1, which binpack would choose, is
     left alone, and the Job goes to n2."""
     running = make_binding("running", "n1", [0])
+    _create(database, _no_binding_ahead(), nodes={})
     _create(
         database,
         running,
@@ -161,6 +175,11 @@ def test_nothing_new_goes_to_the_node_of_an_active_binding_that_does_not_validat
     _pass(database, aside)
     assert _bound(database, "next") == ("n2", [0])
     assert {exc.key for exc in aside.found} == {("Binding", "default", "running-1")}
+    _create(database, make_job("last").build(), nodes={})
+    _pass(database, aside)
+    assert _waiting(database, "last")[1] == (
+        "0/3 GPUs fit: 2 beside an attempt that does not validate, 1 in use"
+    )
 
 
 def test_an_active_binding_that_names_no_node_still_fails_the_pass(
@@ -176,3 +195,20 @@ def test_an_active_binding_that_names_no_node_still_fails_the_pass(
     corrupt(database, "Binding", "running-1", spec={"gpus": [0]})
     with pytest.raises(errors.StoredInvalid, match=r'binding "running-1"'):
         _pass(database, reading.SetAside())
+
+
+def test_while_something_is_set_aside_the_controller_passes_again_in_a_minute(
+    database: db.Database,
+) -> None:
+    """A row fixed by hand wakes nothing: the pass after one that left a Node out is due in
+    INVALID_RECHECK, though nothing else is; once fixed (and its version moved), the Job
+    waiting for it starts at that pass."""
+    _create(database, _no_binding_ahead(), make_job("one").build(), nodes={"n1": 1})
+    good = stored(database, node.Node, "n1", "").model_dump(mode="json", by_alias=True)["spec"]
+    corrupt(database, "Node", "n1", spec={"unschedulable": "sometimes"})
+    controller = manager.Controller(database, clock=lambda: T0)
+    controller.reconcile(manager.SCHEDULE)
+    assert controller._timers == [(T0 + manager.INVALID_RECHECK, manager.SCHEDULE)]
+    corrupt(database, "Node", "n1", spec=good, resource_version=10_000)  # fixed by hand
+    controller.reconcile(manager.SCHEDULE)
+    assert _bound(database, "one") == ("n1", [0])
