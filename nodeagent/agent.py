@@ -137,6 +137,8 @@ class Agent:
         with self.db.read() as session:
             reader = store.Store(session)
             bindings = reader.active_bindings(self.name, _SYNCED_PHASES, skipped=skipped)
+            # What their attempts hold, for the pass to fail closed on while they run here
+            unread = {i.uid: _gpus_as_stored(reader, i) for i in skipped}
         for invalid in skipped:  # left alone, its attempt too: said once a minute
             self._failures.failed(f"binding {invalid.key[2]}", invalid)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
@@ -151,6 +153,7 @@ class Agent:
             wake=self.wake,
             closed_gpus=self._closed_gpus,
             wrote=self._note_written,
+            unread=unread,
         ).run()
         self.runtime.settle()
         known = self.runtime.known()
@@ -304,6 +307,18 @@ class Agent:
         finally:
             bell.close()
             self.wake.set()  # stopping: the loop too
+
+
+def _gpus_as_stored(reader: store.Store, invalid: errors.StoredInvalid) -> frozenset[int] | None:
+    """The GPUs the row of a Binding that does not validate names, read without validating
+    it; None where they cannot be read (then its attempt is taken to hold every GPU)."""
+    _, namespace, name = invalid.key
+    rows = reader.list_wire(binding.Binding, namespace, names=[name])
+    spec = rows[0].get("spec") if rows else None
+    gpus = spec.get("gpus") if isinstance(spec, dict) else None
+    if isinstance(gpus, list) and gpus and all(type(g) is int for g in gpus):
+        return frozenset(gpus)
+    return None
 
 
 def _created(b: binding.Binding) -> datetime:

@@ -29,13 +29,16 @@ log = logging.getLogger("gctl.agent")
 # Stops the user asked for explicitly: no stop warning, as for `kubectl delete --now`.
 _UNWARNED_STOPS = frozenset({binding.STOP_DELETED, binding.STOP_RERUN})
 _NOT_STARTED = supervisor.NOT_STARTED
+# An attempt in these states on this host may use its GPUs now, or at any moment.
+_HOLDING = frozenset({"running", "armed", "disarming", "lost"})
 
 
 class Pass:
     """One pass over `bindings` (this node's, in the order they are synced), `run` once.
     `closed_gpus` says which of the node's GPUs take no new attempt; `wrote` is told the
     revision of each write of the pass's reports; `wake` is set when the loop must look again
-    soon."""
+    soon. `unread`: this node's attempts whose Binding does not validate, by uid,
+    with the GPUs their rows name (None where those cannot be read)."""
 
     def __init__(
         self,
@@ -49,6 +52,7 @@ class Pass:
         wake: threading.Event,
         closed_gpus: Callable[[], set[int]],
         wrote: Callable[[int], None],
+        unread: dict[str, frozenset[int] | None] | None = None,
     ) -> None:
         self.db = database
         self.name = node_name
@@ -59,6 +63,7 @@ class Pass:
         self._closed_gpus = closed_gpus
         self._wrote = wrote
         self._bindings = bindings
+        self._unread = unread or {}
         self._reports: list[binding.Binding] = []  # statuses the pass will write
         self._events: list[events.Occurrence] = []  # and the Events that go with them
         self._taking: list[binding.Binding] = []  # attempts bound ahead the pass takes or arms
@@ -114,6 +119,8 @@ class Pass:
         if any(gpus & set(t.spec.gpus) for t in self._taking):
             return
         after = set(bound.spec.after)
+        if self._held_unaccounted(gpus, after):
+            return  # not known to have ended: it waits, neither taken nor armed
         running = []
         for other in bindings:
             uid = other.metadata.uid or ""
@@ -207,6 +214,9 @@ class Pass:
         one being stopped). The scheduler places nothing there; this is the backstop for a
         race with it, so that two jobs never share a whole GPU: it starts when they are gone."""
         gpus = set(bound.spec.gpus)
+        if self._held_unaccounted(gpus):
+            log.info("%s waits: GPUs [%s] may still be held here", bound.name, span(gpus))
+            return True
         for other in self._bindings:
             if other is bound or not gpus & set(other.spec.gpus):
                 continue
@@ -216,6 +226,21 @@ class Pass:
                 log.info("%s waits: GPUs [%s] are still held here", bound.name, span(gpus))
                 return True
         return False
+
+    def _held_unaccounted(self, gpus: set[int], after: set[str] | None = None) -> bool:
+        """Whether an attempt alive here that the pass cannot account for may hold one of
+        these GPUs: one whose Binding does not validate (on the GPUs its row names, or on every
+        GPU where those cannot be read), or one named in `after` that has no Binding among
+        those read. What it holds is not known: a new attempt fails closed, as the scheduler
+        does, rather than share a whole GPU with it (docs/decisions.md)."""
+        valid = {b.metadata.uid for b in self._bindings}
+        for uid in (after or set()) - valid:
+            if self._state(uid).phase in _HOLDING:
+                return True
+        return any(
+            (held is None or gpus & held) and self._state(uid).phase in _HOLDING
+            for uid, held in self._unread.items()
+        )
 
     def _sync_one(self, bound: binding.Binding) -> None:
         uid = bound.metadata.uid or ""

@@ -1,16 +1,20 @@
-"""The agent's loop against a real database: a pass that fails does not silence the node."""
+"""The agent's loop against a real database: a pass that fails does not silence the node; and
+a Binding that does not validate (an older gctl, a hand edit in the database) makes it fail
+closed: the attempt it cannot read still holds its GPUs while it runs here."""
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
 import sqlalchemy
 
 from controller import scheduling
 from gctl.api import binding, node
 from gctl.store import db, store, tables
 from nodeagent import agent, gpus
-from tests.builders import make_job
+from tests.builders import bind_first_attempt, corrupt, make_job, stored
 
 WAIT = 15.0
 
@@ -53,3 +57,104 @@ def test_a_binding_that_no_longer_validates_does_not_stop_the_heartbeat(
         stop.set()
         node_agent.wake.set()
         loop.join(timeout=WAIT)
+
+
+# -- stored objects that do not validate: the agent fails closed (docs/decisions.md) ---------
+
+
+@pytest.fixture
+def n1(database: db.Database, tmp_path: Path) -> Iterator[agent.Agent]:
+    """n1's agent with two fake GPUs, heartbeated once; whatever it started is stopped after
+    the test."""
+    node_agent = agent.Agent(
+        database, "n1", gpus.FakeGPUs(2), tmp_path / "state", heartbeat_seconds=0.2
+    )
+    node_agent.heartbeat()
+    yield node_agent
+    attempts = node_agent.runtime
+    for uid in attempts.known():
+        attempts.stop(uid, warn=False)
+        attempts.kill_lost(uid)
+    node_agent.close()
+
+
+def _bind(
+    database: db.Database, name: str, gpu: int, after: Sequence[binding.Binding] = ()
+) -> binding.Binding:
+    """Job `name` (it sleeps), and its attempt 1 on n1's GPU `gpu`, bound ahead of `after`."""
+    with database.write() as session:
+        writer = store.Store(session)
+        owner = writer.create(make_job(name).command("sleep", "600").build())
+        uids = [b.metadata.uid or "" for b in after]
+        return bind_first_attempt(writer, owner, "n1", [gpu], uids)
+
+
+def _spoil(database: db.Database, bound: binding.Binding, **spec: object) -> None:
+    """The attempt's Binding as an older gctl or a hand edit leaves it: it does not validate."""
+    wire = bound.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    corrupt(database, "Binding", bound.name, spec=wire | spec)
+
+
+def _phase_here(node_agent: agent.Agent, bound: binding.Binding) -> str:
+    return node_agent.runtime.state(bound.metadata.uid or "").phase
+
+
+def _end(node_agent: agent.Agent, bound: binding.Binding) -> None:
+    """Stop the attempt's job, once its supervisor started it, and wait for its end."""
+    uid, deadline = bound.metadata.uid or "", time.monotonic() + WAIT
+    while node_agent.runtime.state(uid).pid is None:
+        assert time.monotonic() < deadline, f"{bound.name} did not start"
+        time.sleep(0.05)
+    node_agent.runtime.stop(uid, warn=False)
+    while _phase_here(node_agent, bound) != "exited":
+        assert time.monotonic() < deadline, f"{bound.name} did not end"
+        time.sleep(0.05)
+
+
+def test_an_attempt_bound_after_one_whose_binding_does_not_validate_waits_for_it(
+    database: db.Database, n1: agent.Agent
+) -> None:
+    """x1's Binding is left alone, but its job still runs on GPU 0: y1, bound ahead behind it,
+    must not start there until it ended (not taken, nor armed on a lock it cannot name)."""
+    x1, x2 = _bind(database, "x1", 0), _bind(database, "x2", 1)
+    n1.sync()
+    assert (_phase_here(n1, x1), _phase_here(n1, x2)) == ("running", "running")
+    y1 = _bind(database, "y1", 0, after=[x1])
+    _spoil(database, x1, bogus=1)
+    n1.sync()
+    assert _phase_here(n1, y1) == "absent"
+    assert stored(database, binding.Binding, "y1-1").status.phase == "Pending"
+    _end(n1, x1)
+    n1.sync()
+    assert _phase_here(n1, y1) == "running"
+
+
+def test_an_attempt_whose_binding_does_not_validate_holds_the_gpus_its_row_names(
+    database: db.Database, n1: agent.Agent
+) -> None:
+    """z1, bound to x1's GPU 0 (a race with the scheduler, say), waits while x1 runs; z2, on
+    GPU 1, which x1's row does not name, starts."""
+    x1 = _bind(database, "x1", 0)
+    n1.sync()
+    _spoil(database, x1, bogus=1)
+    z1, z2 = _bind(database, "z1", 0), _bind(database, "z2", 1)
+    n1.sync()
+    assert (_phase_here(n1, z1), _phase_here(n1, z2)) == ("absent", "running")
+
+
+def test_an_attempt_whose_gpus_cannot_be_read_holds_every_gpu(
+    database: db.Database, n1: agent.Agent
+) -> None:
+    """x2's row names no GPUs that can be read: while it runs, y1 may not take GPU 0 though
+    x1, which it waited for, has ended."""
+    x1, x2 = _bind(database, "x1", 0), _bind(database, "x2", 1)
+    n1.sync()
+    y1 = _bind(database, "y1", 0, after=[x1])
+    _spoil(database, x2, gpus="all")
+    _end(n1, x1)
+    n1.sync()
+    assert stored(database, binding.Binding, "x1-1").status.phase == "Exited"
+    assert _phase_here(n1, y1) == "absent"
+    _end(n1, x2)
+    n1.sync()
+    assert _phase_here(n1, y1) == "running"

@@ -1,0 +1,68 @@
+"""Stored objects that do not validate, met by real daemons (`gctl controller run`, `gctl agent
+run`) with real jobs: the agent fails closed, never putting two jobs on one whole GPU
+(docs/decisions.md). The rows are spoilt as a hand edit in the database would spoil them."""
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gctl.store import db
+from tests.builders import corrupt
+from tests.conftest import Gctl
+from tests.e2e.test_jobs import Cluster, alive, apply_job, job, phase_is, wait_for
+
+FENCE = 2.0  # the agent's --fence-after
+
+
+@pytest.fixture
+def database(gctl: Gctl) -> Iterator[db.Database]:
+    opened = db.Database.open(gctl.db_url)
+    yield opened
+    opened.close()
+
+
+def _attempt(gctl: Gctl, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(gctl.ok("get", "binding", name, "-o", "json"))
+    return found
+
+
+def _waits(gctl: Gctl, name: str) -> bool:
+    """Whether a scheduling pass told Job `name` why it waits."""
+    return any(c["type"] == "Scheduled" for c in job(gctl, name)["status"].get("conditions", []))
+
+
+def _sleepers(gctl: Gctl, *placed: tuple[str, int]) -> dict[str, int]:
+    """Jobs that sleep, each on the GPU given, once running: their pids, by name."""
+    for name, gpu in placed:
+        apply_job(gctl, name, "sleep 600", placement={"gpus": [gpu]})
+    for name, _ in placed:
+        wait_for(phase_is(gctl, name, "Running"), f"{name} to run")
+    return {name: _attempt(gctl, f"{name}-1")["status"]["pid"] for name, _ in placed}
+
+
+def test_a_job_bound_after_one_whose_binding_does_not_validate_waits_for_its_end(
+    cluster: Cluster, gctl: Gctl, database: db.Database
+) -> None:
+    """x1's Binding is spoilt; y1 is bound ahead behind it on GPU 0 (the scheduler validated x1
+    in its last pass, and the edit changed no version). The agent cannot read x1, but x1 runs:
+    y1 waits until it ends, rather than join it on its GPU."""
+    cluster.controller()
+    cluster.agent("n1", gpus=2, fence=FENCE)
+    pids = _sleepers(gctl, ("x1", 0), ("x2", 1))
+    apply_job(gctl, "big", "true", resources={"gpus": 4})  # never fits: a pass reads x1
+    wait_for(lambda: _waits(gctl, "big"), "a scheduling pass")
+    spec = _attempt(gctl, "x1-1")["spec"]
+    corrupt(database, "Binding", "x1-1", spec=spec | {"bogus": 1})
+    apply_job(gctl, "y1", "sleep 600", placement={"gpus": [0]})
+    wait_for(lambda: gctl("get", "binding", "y1-1").code == 0, "y1 to be bound")
+    assert _attempt(gctl, "y1-1")["spec"]["after"] == [_attempt(gctl, "x1-1")["metadata"]["uid"]]
+    time.sleep(3)  # many agent passes
+    assert job(gctl, "y1")["status"]["phase"] == "Scheduled"
+    assert alive(pids["x1"])
+    os.kill(pids["x1"], signal.SIGKILL)
+    wait_for(phase_is(gctl, "y1", "Running"), "y1 to start once x1 ended")
