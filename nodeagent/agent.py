@@ -11,6 +11,7 @@ attempts on disk whose Binding is gone, and the loop with its watchers. What one
 with each Binding, attempts bound ahead and armed included, is passes.py.
 """
 
+import json
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ log = logging.getLogger("gctl.agent")
 FAKE_LABEL = "gctl/fake-gpus"
 # Exited attempts need nothing more; Lost ones may still run here and must be stopped.
 _SYNCED_PHASES = frozenset({"Pending", "Armed", "Starting", "Running", "Lost"})
+BEAT_RETRY_SECONDS = 1.0  # after a failed heartbeat (or the heartbeat period, if shorter)
 
 
 def default_state_dir(node_name: str) -> Path:
@@ -69,8 +71,10 @@ class Agent:
         self._failures = failures.FailureLog(log)
         self.wake = threading.Event()
         # This node's cordoned or draining GPUs, read when a pass first wants to take an attempt
-        # and kept while the feed shows no change to the Node (`_node_changes` counts them).
-        self._closed: tuple[int, set[int]] | None = None
+        # and kept while the feed shows no change to the Node (`_node_changes` counts them);
+        # None for all of them, while the Node's spec does not validate.
+        self._closed: tuple[int, set[int] | None] | None = None
+        self._spec_unread: str | None = None  # the Node's spec that does not validate, as said
         self._node_changes = 0
         self._untidy: set[str] = set()  # ended attempts, unbound, whose directories remain
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
@@ -94,9 +98,10 @@ class Agent:
         heartbeat.claim(self.db, self.name, self.instance, predecessor, self.clock())
 
     def heartbeat(self) -> None:
-        """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready."""
+        """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready; said once
+        for each spec as stored that does not validate (its GPUs take no new attempt)."""
         discovered = heartbeat.attribute(self.db, self.name, self.runtime, self.backend.discover())
-        heartbeat.beat(
+        unread = heartbeat.beat(
             self.db,
             self.name,
             self.labels,
@@ -106,6 +111,13 @@ class Agent:
             predecessor=self._state_lock.predecessor,
         )
         self.lease.touch()  # only after the heartbeat is in the database
+        said = json.dumps(unread.spec, sort_keys=True) if unread is not None else None
+        if unread is not None and said != self._spec_unread:
+            log.warning(
+                "%s; its GPUs take no new attempt until it is fixed (running jobs go on)",
+                unread.error,
+            )
+        self._spec_unread = said
 
     def close(self) -> None:
         """Stop the runtime's helpers and let go of the Node and the state directory, so that
@@ -117,14 +129,20 @@ class Agent:
             log.warning("letting go of node %s: %s", self.name, exc)
         self._state_lock.release()
 
-    def _closed_gpus(self) -> set[int]:
-        """This node's GPUs that take no new attempt (cordoned or draining)."""
+    def _closed_gpus(self) -> set[int] | None:
+        """This node's GPUs that take no new attempt (cordoned or draining); None for every
+        one while the Node's spec, which says which, does not validate: it fails closed."""
         changes = self._node_changes
         if self._closed is None or self._closed[0] != changes:
-            with self.db.read() as session:
-                current = store.Store(session).find(node.Node, self.name)
-            gpus = current.status.gpus if current is not None else []
-            closed = {g.index for g in gpus if current and current.spec.gpu_state(g.index)}
+            closed: set[int] | None
+            try:
+                with self.db.read() as session:
+                    current = store.Store(session).find(node.Node, self.name)
+            except errors.StoredInvalid:  # said by the heartbeat
+                closed = None
+            else:
+                gpus = current.status.gpus if current is not None else []
+                closed = {g.index for g in gpus if current and current.spec.gpu_state(g.index)}
             self._closed = (changes, closed)  # stale at once if the Node changed meanwhile
         return self._closed[1]
 
@@ -218,8 +236,11 @@ class Agent:
             # Beats even when a pass fails (a Binding that no longer validates, say): the node
             # and its running jobs are fine, and a silent node would have them declared lost.
             now = _monotonic()
-            if now >= next_beat and self._guarded("heartbeat", self.heartbeat):
-                next_beat = now + self.heartbeat_seconds
+            if now >= next_beat:
+                beat = self._guarded("heartbeat", self.heartbeat)
+                # A failed one is tried again shortly, not at once: the wait would not wait.
+                retry = min(BEAT_RETRY_SECONDS, self.heartbeat_seconds)
+                next_beat = now + (self.heartbeat_seconds if beat else retry)
             if not synced:
                 stop.wait(1.0)  # try again shortly
                 continue

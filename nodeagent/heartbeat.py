@@ -1,18 +1,48 @@
 """The agent's Node: registered and heartbeated with its GPUs as discovered, each GPU's
 processes told apart (gctl's jobs' from the others), and a job that uses more GPU memory than
-it declared stopped where its pool enforces that."""
+it declared stopped where its pool enforces that.
+
+The spec is the user's (cordons, drains), the status the agent's: a stored spec that does not
+validate (an older gctl, a hand edit) stops none of the agent's writes, which touch the status
+only, or the node would fall silent and its running jobs be fenced (docs/decisions.md)."""
 
 import logging
 import os
 import socket
 from datetime import datetime
+from typing import Any, NamedTuple
 
 import gctl
 from gctl.api import binding, errors, meta, node, quantity
-from gctl.store import db, store
+from gctl.store import db, store, stored
 from nodeagent import ownership, runtime
 
 log = logging.getLogger("gctl.agent")
+
+
+class SpecUnread(NamedTuple):
+    """A Node whose stored spec does not validate: why, and the spec as stored."""
+
+    error: errors.StoredInvalid
+    spec: Any
+
+
+def _current(writer: store.Store, name: str) -> tuple[node.Node | None, SpecUnread | None]:
+    """The Node as stored; where its spec does not validate, a stand-in with a default spec,
+    to write the status with (`Store.update_status` keeps the stored spec), and why.
+    StoredInvalid if more than the spec fails."""
+    try:
+        return writer.find(node.Node, name), None
+    except errors.StoredInvalid as exc:
+        rows = writer.list_wire(node.Node, names=[name])
+        if not rows:  # deleted since (PostgreSQL): as if it had not been found
+            return None, None
+        stand_in = stored.validated(node.Node, {**rows[0], "spec": {}})
+        return stand_in, SpecUnread(exc, rows[0].get("spec", {}))
+
+
+def _spec_of(unread: SpecUnread | None) -> Any:
+    return unread.spec if unread is not None else None
 
 
 def claim(
@@ -27,14 +57,14 @@ def claim(
     that waits for the first `beat`)."""
 
     def work(writer: store.Store) -> None:
-        current = writer.find(node.Node, name)
+        current, unread = _current(writer, name)
         why = ownership.rival(current, instance, predecessor, now)
         if why is not None:
             raise ownership.Taken(why)
         if current is not None:
             current.status.agent_instance = instance
             current.status.heartbeat_time = now
-            writer.update_status(current)
+            writer.update_status(current, stored_spec=_spec_of(unread))
 
     store.transact(database, work)
 
@@ -44,11 +74,11 @@ def release(database: db.Database, name: str, instance: node.AgentInstance) -> N
     (its heartbeat stays: the controller still judges the node by it)."""
 
     def work(writer: store.Store) -> None:
-        current = writer.find(node.Node, name)
+        current, unread = _current(writer, name)
         theirs = current.status.agent_instance if current is not None else None
         if current is not None and theirs is not None and theirs.id == instance.id:
             current.status.agent_instance = None
-            writer.update_status(current)
+            writer.update_status(current, stored_spec=_spec_of(unread))
 
     store.transact(database, work)
 
@@ -62,12 +92,14 @@ def beat(
     *,
     instance: node.AgentInstance | None = None,
     predecessor: str | None = None,
-) -> None:
+) -> SpecUnread | None:
     """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready. With the
-    agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile."""
+    agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile.
+    Returns why the stored spec does not validate, if it does not (the status is written all
+    the same)."""
 
-    def work(writer: store.Store) -> None:
-        current = writer.find(node.Node, name)
+    def work(writer: store.Store) -> SpecUnread | None:
+        current, unread = _current(writer, name)
         if instance is not None:
             why = ownership.rival(current, instance, predecessor, now)
             if why is not None:
@@ -77,7 +109,8 @@ def beat(
             writer.record_event(
                 current, "Registered", f"{len(discovered)} GPU(s)", source=f"agent/{name}"
             )
-        elif any(current.metadata.labels.get(k) != v for k, v in labels.items()):
+        elif unread is None and any(current.metadata.labels.get(k) != v for k, v in labels.items()):
+            # Not while the spec does not validate: this write would replace it with the default.
             current.metadata.labels = {**current.metadata.labels, **labels}
             current = writer.update(current)
         status = current.status
@@ -89,9 +122,10 @@ def beat(
         meta.set_condition(
             status.conditions, "Ready", "True", "AgentReady", "the agent is heartbeating", now=now
         )
-        writer.update_status(current)
+        writer.update_status(current, stored_spec=_spec_of(unread))
+        return unread
 
-    store.transact(database, work)
+    return store.transact(database, work)
 
 
 def attribute(

@@ -35,9 +35,9 @@ _HOLDING = frozenset({"running", "armed", "disarming", "lost"})
 
 class Pass:
     """One pass over `bindings` (this node's, in the order they are synced), `run` once.
-    `closed_gpus` says which of the node's GPUs take no new attempt; `wrote` is told the
-    revision of each write of the pass's reports; `wake` is set when the loop must look again
-    soon. `unread`: this node's attempts whose Binding does not validate, by uid,
+    `closed_gpus` says which of the node's GPUs take no new attempt (None: every one); `wrote`
+    is told the revision of each write of the pass's reports; `wake` is set when the loop must
+    look again soon. `unread`: this node's attempts whose Binding does not validate, by uid,
     with the GPUs their rows name (None where those cannot be read)."""
 
     def __init__(
@@ -50,7 +50,7 @@ class Pass:
         *,
         clock: Callable[[], datetime],
         wake: threading.Event,
-        closed_gpus: Callable[[], set[int]],
+        closed_gpus: Callable[[], set[int] | None],
         wrote: Callable[[int], None],
         unread: dict[str, frozenset[int] | None] | None = None,
     ) -> None:
@@ -135,7 +135,7 @@ class Pass:
                 return  # taken before it and not launched here yet
             elif here == "absent" and uid in after and other.status.phase == "Pending":
                 return  # bound before it, not started yet
-        if gpus & self._closed_gpus():
+        if self._closed(gpus):
             return  # cordoned or draining since it was bound: the scheduler moves it
         if running:
             self._arm(bound, running)
@@ -191,7 +191,7 @@ class Pass:
                 ended = runtime.State("exited", reason=bound.spec.stop_reason, message=_NOT_STARTED)
                 self._report(bound, ended)
             return
-        wanted_back = bound.spec.disarm or bool(set(bound.spec.gpus) & self._closed_gpus())
+        wanted_back = bound.spec.disarm or self._closed(set(bound.spec.gpus))
         if state.phase == "armed":
             if wanted_back and self.runtime.disarm(uid):
                 self._untake(bound)
@@ -226,6 +226,12 @@ class Pass:
                 log.info("%s waits: GPUs [%s] are still held here", bound.name, span(gpus))
                 return True
         return False
+
+    def _closed(self, gpus: set[int]) -> bool:
+        """Whether one of these GPUs takes no new attempt (cordoned or draining, or every GPU
+        while the Node's spec does not validate)."""
+        closed = self._closed_gpus()
+        return closed is None or bool(gpus & closed)
 
     def _held_unaccounted(self, gpus: set[int], after: set[str] | None = None) -> bool:
         """Whether an attempt alive here that the pass cannot account for may hold one of

@@ -111,14 +111,16 @@ class Store(reading.Reads):
         values |= schema.derived(obj.KIND, values["spec"], current.status)
         return self._guarded_update(obj, current, values | {"generation": generation})
 
-    def update_status(self, obj: T) -> T:
+    def update_status(self, obj: T, *, stored_spec: dict[str, Any] | None = None) -> T:
         """Write status only; the generation never moves.
 
         The hot path of the controller and the agent, so one statement (and in `batched` mode
         one for many): an object read from the store carries its uid and resourceVersion, and
         while that version is current the stored spec and metadata are the object's own (its
         spec must hold no unsaved change). Only when the guarded UPDATE matches nothing is the
-        row read, to say why."""
+        row read, to say why. `stored_spec`: the spec as stored, for an object whose stored
+        spec does not validate, written through a stand-in with a default one (the agent's
+        Node): the row keeps it, and the change feed must record it, not the stand-in's."""
         uid, version = obj.metadata.uid, obj.metadata.resource_version
         if uid is None or version is None:
             current = self._current(obj)
@@ -126,10 +128,13 @@ class Store(reading.Reads):
             values = {"status": status} | schema.derived(obj.KIND, current.spec, status)
             return self._guarded_update(obj, current, values)
         revision = self._write_revision()
+        wire = obj.wire()
+        if stored_spec is not None:
+            wire["spec"] = stored_spec
         if self._batch is not None:
-            self._batch.statuses.append((obj, obj.wire()))
+            self._batch.statuses.append((obj, wire))
         else:
-            self._write_wires([(obj, obj.wire())], metadata=False)
+            self._write_wires([(obj, wire)], metadata=False)
         metadata = obj.metadata.model_copy(update={"resource_version": str(revision)})
         return obj.model_copy(update={"metadata": metadata})
 

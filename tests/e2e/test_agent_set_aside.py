@@ -1,5 +1,6 @@
 """Stored objects that do not validate, met by real daemons (`gctl controller run`, `gctl agent
-run`) with real jobs: the agent fails closed, never putting two jobs on one whole GPU
+run`) with real jobs: the agent fails closed, never putting two jobs on one whole GPU, and keeps
+its node beating, so that its running jobs are neither declared lost nor fenced
 (docs/decisions.md). The rows are spoilt as a hand edit in the database would spoil them."""
 
 import json
@@ -7,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,3 +68,29 @@ def test_a_job_bound_after_one_whose_binding_does_not_validate_waits_for_its_end
     assert alive(pids["x1"])
     os.kill(pids["x1"], signal.SIGKILL)
     wait_for(phase_is(gctl, "y1", "Running"), "y1 to start once x1 ended")
+
+
+def test_a_node_whose_spec_does_not_validate_keeps_its_jobs_and_takes_no_new_one(
+    cluster: Cluster, gctl: Gctl, database: db.Database, tmp_path: Path
+) -> None:
+    """n1's spec is spoilt: its heartbeat goes on (the status is the agent's), so its jobs run
+    on past the fence and the node timeout, and nothing new is bound there (GPU 2 is free).
+    The agent says so once."""
+    cluster.controller(node_timeout=2 * FENCE)
+    cluster.agent("n1", gpus=3, fence=FENCE)
+    pids = _sleepers(gctl, ("x1", 0), ("x2", 1))
+    corrupt(database, "Node", "n1", spec={"bogus": 1})
+    agent_log = tmp_path / "n1.log"
+    said = "take no new attempt until it is fixed"
+    wait_for(lambda: said in agent_log.read_text(), "the agent to say that n1's spec is unread")
+    apply_job(gctl, "z", "sleep 600")
+    time.sleep(3 * FENCE)
+    for name, pid in pids.items():
+        assert alive(pid), f"{name} was stopped"
+        status = job(gctl, name)["status"]
+        assert (status["phase"], status["attempts"]) == ("Running", 1)
+    assert job(gctl, "z")["status"].get("phase", "Pending") == "Pending"
+    assert gctl("get", "binding", "z-1").code != 0
+    logged = agent_log.read_text()
+    assert logged.count(said) == 1
+    assert "heartbeat failed" not in logged

@@ -1,6 +1,8 @@
-"""The agent's loop against a real database: a pass that fails does not silence the node; and
-a Binding that does not validate (an older gctl, a hand edit in the database) makes it fail
-closed: the attempt it cannot read still holds its GPUs while it runs here."""
+"""The agent's loop against a real database: a pass that fails does not silence the node, nor
+does a failed heartbeat make it spin; and stored objects that do not validate (an older gctl,
+a hand edit in the database) make it fail closed: an attempt whose Binding it cannot read
+still holds its GPUs while it runs here, and a Node whose spec it cannot read keeps beating
+but takes no new attempt."""
 
 import threading
 import time
@@ -11,7 +13,7 @@ import pytest
 import sqlalchemy
 
 from controller import scheduling
-from gctl.api import binding, node
+from gctl.api import binding, errors, node
 from gctl.store import db, store, tables
 from nodeagent import agent, gpus
 from tests.builders import bind_first_attempt, corrupt, make_job, stored
@@ -158,3 +160,80 @@ def test_an_attempt_whose_gpus_cannot_be_read_holds_every_gpu(
     _end(n1, x2)
     n1.sync()
     assert _phase_here(n1, y1) == "running"
+
+
+def _spoil_node(database: db.Database) -> dict[str, object]:
+    """n1's spec (the user's: cordons, drains) as a hand edit leaves it; returns it."""
+    spec: dict[str, object] = {"cordonedGPUs": [1], "bogus": 1}
+    corrupt(database, "Node", "n1", spec=spec)
+    return spec
+
+
+def test_a_node_whose_spec_does_not_validate_keeps_beating_and_its_spec(
+    database: db.Database, n1: agent.Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The status is the agent's: written as ever, the stored spec left as it is (and the
+    change feed says so, not a default one); said once, not at every beat."""
+    spec = _spoil_node(database)
+    with database.read() as session:
+        reader = store.Store(session)
+        since, (before,) = reader.current_revision(), reader.list_wire(node.Node, names=["n1"])
+    n1.heartbeat()
+    n1.heartbeat()
+    with database.read() as session:
+        reader = store.Store(session)
+        (raw,) = reader.list_wire(node.Node, names=["n1"])
+        changes = reader.changes_since(since, kinds=[node.Node.KIND])
+    assert raw["status"]["heartbeatTime"] != before["status"]["heartbeatTime"]
+    assert raw["spec"] == spec
+    assert [c.object["spec"] for c in changes] == [spec, spec]
+    said = [r.getMessage() for r in caplog.records if "take no new attempt" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith('node "n1" as stored does not validate (spec.bogus: unknown field)')
+
+
+def test_a_node_whose_spec_does_not_validate_takes_no_new_attempt(
+    database: db.Database, n1: agent.Agent
+) -> None:
+    """Which GPUs are cordoned cannot be read: every one is taken to be. An attempt armed on
+    one is given back, one bound ahead is not taken though the GPU freed; x1 runs on."""
+    x1, x2 = _bind(database, "x1", 0), _bind(database, "x2", 1)
+    n1.sync()
+    _bind(database, "y2", 1, after=[x2])
+    n1.sync()
+    assert stored(database, binding.Binding, "y2-1").status.phase == "Armed"
+    _spoil_node(database)
+    n1._node_changes += 1  # what the feed tells a running agent
+    y1 = _bind(database, "y1", 0, after=[x1])
+    _end(n1, x1)
+    n1.sync()
+    assert _phase_here(n1, y1) == "absent"
+    assert stored(database, binding.Binding, "y1-1").status.phase == "Pending"
+    assert stored(database, binding.Binding, "y2-1").status.phase == "Pending"  # given back
+    assert _phase_here(n1, x2) == "running"
+
+
+def test_a_failed_heartbeat_is_retried_shortly_not_at_once(
+    database: db.Database, n1: agent.Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat that fails left the next one due at once: the loop spun, trying again
+    thousands of times a minute. Now it tries again a second later (the period being 5 s)."""
+    n1.heartbeat_seconds = 5.0
+    tries = []
+
+    def failing() -> None:
+        tries.append(time.monotonic())
+        if len(tries) > 1:  # the first, before the loop, must succeed for it to start
+            raise errors.Unavailable("the database is away")
+
+    monkeypatch.setattr(n1, "heartbeat", failing)
+    stop = threading.Event()
+    loop = threading.Thread(target=n1.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        time.sleep(2.5)
+    finally:
+        stop.set()
+        n1.wake.set()
+        loop.join(timeout=WAIT)
+    assert 2 <= len(tries) <= 4, f"{len(tries)} heartbeats in 2.5 s"
