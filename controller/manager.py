@@ -72,6 +72,9 @@ class Controller:
         self._dependents: dict[tuple[str, str], set[Key]] = {}
         self._passes: set[int] = set()  # revisions written by this controller's passes
         self._invalid: dict[Key, str] = {}  # objects set aside -> the version reported
+        # and -> the generation and fault said: an agent's heartbeats write a Node that does
+        # not validate (its status), each a new version, with nothing new to say
+        self._said: dict[Key, tuple[int | None, str]] = {}
 
     def _step(self, writer: store.Store, key: Key, now: datetime) -> datetime | None:
         kind, namespace, name = key
@@ -129,10 +132,15 @@ class Controller:
 
     def _set_aside(self, exc: errors.StoredInvalid) -> None:
         """Say once per version that a stored object does not validate: a log line, and a
-        Warning Event on the object, where `gctl get events` and `describe` show it."""
+        Warning Event on the object, where `gctl get events` and `describe` show it. A version
+        that differs only by its status (the same generation, the same fault) is not said."""
         if self._invalid.get(exc.key) == exc.resource_version:
             return
         self._invalid[exc.key] = exc.resource_version
+        said = (exc.generation, exc.detail)
+        if self._said.get(exc.key) == said:
+            return
+        self._said[exc.key] = said
         log.warning("%s; set aside until it changes", exc)
         kind, namespace, name = exc.key
         involved = events.standin(kind, name, namespace, exc.uid)  # it does not validate

@@ -43,12 +43,19 @@ class StoredInvalid(GctlError):
     """A stored object that no longer validates: written by an older gctl under a rule since
     dropped, or edited by hand in the database. It names the object (`key`: kind, namespace,
     name) and the version read, so that a daemon can tell it apart from every other and
-    report it once."""
+    report it once; `generation`, that of its spec (a status write, such as an agent's
+    heartbeat, moves the version but not the generation)."""
 
     reason = "StoredInvalid"
 
     def __init__(
-        self, key: tuple[str, str, str], uid: str, resource_version: str, detail: str
+        self,
+        key: tuple[str, str, str],
+        uid: str,
+        resource_version: str,
+        detail: str,
+        *,
+        generation: int | None = None,
     ) -> None:
         kind, namespace, name = key
         where = f' in namespace "{namespace}"' if namespace else ""
@@ -60,3 +67,4 @@ class StoredInvalid(GctlError):
         self.uid = uid
         self.resource_version = resource_version
         self.detail = detail
+        self.generation = generation

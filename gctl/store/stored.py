@@ -23,4 +23,5 @@ def validated(cls: type[T], wire: dict[str, Any]) -> T:
             metadata.get("uid", ""),
             str(metadata.get("resourceVersion", "")),
             manifest.first_error(exc, ""),
+            generation=metadata.get("generation"),
         ) from None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gctl.store import db
-from tests.builders import corrupt
+from tests.builders import corrupt, warnings_about
 from tests.conftest import Gctl
 from tests.e2e.test_jobs import Cluster, alive, apply_job, job, phase_is, wait_for
 
@@ -75,7 +75,7 @@ def test_a_node_whose_spec_does_not_validate_keeps_its_jobs_and_takes_no_new_one
 ) -> None:
     """n1's spec is spoilt: its heartbeat goes on (the status is the agent's), so its jobs run
     on past the fence and the node timeout, and nothing new is bound there (GPU 2 is free).
-    The agent says so once."""
+    The agent and the controller each say so once."""
     cluster.controller(node_timeout=2 * FENCE)
     cluster.agent("n1", gpus=3, fence=FENCE)
     pids = _sleepers(gctl, ("x1", 0), ("x2", 1))
@@ -94,3 +94,6 @@ def test_a_node_whose_spec_does_not_validate_keeps_its_jobs_and_takes_no_new_one
     logged = agent_log.read_text()
     assert logged.count(said) == 1
     assert "heartbeat failed" not in logged
+    # Each heartbeat is a new version of n1, its spec no different: said once, not at each.
+    assert (tmp_path / "controller.log").read_text().count('node "n1" as stored') == 1
+    assert [count for _, _, count in warnings_about(database, "n1")] == [1]
