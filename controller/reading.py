@@ -520,9 +520,10 @@ def retry_after(w: Wire) -> datetime | None:
 
 def succeeded_dependencies(reader: store.Store, pending: list[Wire]) -> set[Key]:
     """The names the pending Jobs wait for that have succeeded, as `queue.held` needs them:
-    read as the CLI reads them to number the queue (`queue.succeeded_among`)."""
+    read as the CLI reads them to number the queue (`queue.succeeded_among`). A pending Job
+    that does not validate, where `queue` cannot read it, raises: the caller sets it aside."""
 
     def read(info: kinds.KindInfo, namespace: str, names: list[str]) -> list[Wire]:
         return reader.list_wire(kinds.model(info.kind), namespace, names=names)
 
-    return queue.succeeded_among(queue.needed(pending), read)
+    return queue.succeeded_among(queue.needed(pending, strict=True), read)

@@ -157,10 +157,12 @@ def _plan(reader: store.Store, now: datetime, limits: Limits, aside: reading.Set
     telling.TOLD.begin(len(pending))
     eligible: list[Wire] = []
     held: list[Wire] = []
-    try:  # a malformed Job fails here as one that does not validate, to be set aside
+    # A malformed Job fails here as one that does not validate, to be set aside: `strict`, as
+    # the CLI's reading (which leaves it out of the queue) is not.
+    try:
         succeeded = reading.succeeded_dependencies(reader, pending)
         for w in pending:
-            (held if queue.held(w, now, succeeded) else eligible).append(w)
+            (held if queue.held(w, now, succeeded, strict=True) else eligible).append(w)
     except Exception:
         reading.raise_invalid(pending)
         raise

@@ -1,12 +1,13 @@
 """The registry of kinds: their names, the words users type for them, and where their models live.
 
 Plain data, no pydantic: `gctl get` resolves `jobs` without loading any model. `model()` imports
-a kind's pydantic model when a command needs it.
+a kind's pydantic model when a command needs it, and `malformed()` checks a stored object
+against it.
 """
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gctl.api import errors
 
@@ -64,3 +65,22 @@ def model(kind: str) -> "type[meta.Resource]":
     info = BY_KIND[kind]
     cls: type[meta.Resource] = getattr(importlib.import_module(info.module), info.kind)
     return cls
+
+
+def malformed(kind: str, wire: dict[str, Any]) -> bool:
+    """Whether an object of `kind` as stored (wire form) is not as gctl writes it: written by
+    an older gctl under a rule since dropped, or edited by hand in the database. It does not
+    validate, or only where pydantic would convert a value of another type (a time given as
+    a number): it is checked strictly, as the JSON it is stored as. For the readers of plain
+    stored data that failed on one: only such an object may be left out, or shown as stored;
+    for one as gctl writes it, the failure is a bug of theirs. Loads the model, and pydantic,
+    only now."""
+    import json
+
+    import pydantic
+
+    try:
+        model(kind).model_validate_json(json.dumps(wire, default=str), strict=True)
+    except pydantic.ValidationError:
+        return True
+    return False

@@ -90,14 +90,24 @@ def test_the_controller_leaves_a_pending_job_that_does_not_validate_out_of_its_p
     ]
 
 
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"command": ["true"], "resources": {"gpus": "lots"}}, r"spec\.resources\.gpus"),
+        # What the queue itself cannot read, which `get` leaves out of it (gctl.api.queue):
+        ([], r"\(spec:"),
+        ({"command": ["true"], "dependsOn": 5}, r"spec\.dependsOn"),
+    ],
+)
 def test_a_malformed_pending_job_fails_a_pass_once_and_is_then_left_out(
-    database: db.Database,
+    database: db.Database, spec: Any, field: str
 ) -> None:
-    """A value the planner cannot even read (a GPU count that is not a number) fails as one
-    that does not validate, naming the Job, not as a traceback of the planner."""
+    """A value the planner cannot even read (a GPU count that is not a number, a spec that is
+    no mapping) fails as one that does not validate, naming the Job, not as a traceback of
+    the planner."""
     _create(database, make_job("bad").build(), make_job("good").build(), nodes={"n1": 1})
-    corrupt(database, "Job", "bad", spec={"command": ["true"], "resources": {"gpus": "lots"}})
-    with pytest.raises(errors.StoredInvalid, match=r'job "bad" .*resources\.gpus') as failed:
+    corrupt(database, "Job", "bad", spec=spec)
+    with pytest.raises(errors.StoredInvalid, match=rf'job "bad" .*{field}') as failed:
         _pass(database, reading.SetAside())
     versions = {failed.value.key: failed.value.resource_version}
     _pass(database, reading.SetAside(versions))

@@ -128,3 +128,50 @@ def test_a_dependency_succeeded_as_the_scheduler_counts_it() -> None:
         _sweep("lr", "Running"),
     ]
     assert queue.succeeded(found) == {("default", "train"), ("default", "grid")}
+
+
+# -- Jobs stored in a form gctl refuses (an older gctl wrote them, or a hand edit) -----------
+
+_SPEC_LIST = {**_job("a"), "spec": []}
+_DEPENDS_NUMBER = _job("a", dependsOn=5)
+_RETRY_NUMBER = _job("a", status={"retryAfter": 5})  # validates only as a number of seconds
+
+
+@pytest.mark.parametrize(
+    ("why", "wire"),
+    [
+        ("a spec that is a list", _SPEC_LIST),
+        ("dependsOn a number", _DEPENDS_NUMBER),
+        ("retryAfter a number", _RETRY_NUMBER),
+        ("a priority that is a word", _job("a", priority="high")),  # type: ignore[arg-type]
+    ],
+)
+def test_a_job_the_queue_cannot_read_is_out_of_it(why: str, wire: queue.Wire) -> None:
+    """`get` numbers and counts the others: it is not queued, has no place, waits for
+    nothing that must be looked up."""
+    assert not queue.queued(wire, NOW, set()), why
+    assert queue.positions([wire, _job("b")], NOW, set()) == {("default", "b"): 1}, why
+    assert queue.needed([wire, _job("c", dependsOn=["x"])]) == {("default", "x")}, why
+
+
+@pytest.mark.parametrize("wire", [_SPEC_LIST, _DEPENDS_NUMBER, _RETRY_NUMBER])
+def test_the_scheduling_pass_reads_the_queue_strictly(wire: queue.Wire) -> None:
+    """Held for the CLI; for the scheduling pass (`strict`) an error, which makes it set that
+    Job aside (controller.reading.raise_invalid)."""
+    assert queue.held(wire, NOW, set())
+    with pytest.raises(queue.UNREADABLE):
+        queue.held(wire, NOW, set(), strict=True)
+    if wire is not _RETRY_NUMBER:  # what it needs is in its spec
+        with pytest.raises(queue.UNREADABLE):
+            queue.needed([wire], strict=True)
+
+
+def test_a_dependency_the_queue_cannot_read_has_not_succeeded() -> None:
+    broken = {**_job("train", phase="Succeeded"), "status": ["Succeeded"]}
+    assert queue.succeeded([broken, _job("eval", phase="Succeeded")]) == {("default", "eval")}
+
+
+def test_a_pool_the_queue_cannot_read_orders_its_queue_fifo() -> None:
+    pools = [{"metadata": {"name": "p"}, "spec": []}]
+    pools.append({"metadata": {"name": "q"}, "spec": {"queueOrder": "LongestFirst"}})
+    assert queue.orders(pools) == {"q": "LongestFirst"}
