@@ -1,7 +1,9 @@
 """Label selectors as kubectl takes them: `a=b,c!=d,e,!f,g in (x,y),h notin (z)`."""
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gctl.api import errors, names
 
@@ -16,22 +18,25 @@ class Requirement:
     operator: str  # in | notin | exists | !exists
     values: frozenset[str]
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, Any]) -> bool:
         if self.operator == "exists":
             return self.key in labels
         if self.operator == "!exists":
             return self.key not in labels
-        if self.operator == "in":
-            return labels.get(self.key) in self.values
-        return labels.get(self.key) not in self.values
+        value = labels.get(self.key)
+        found = value if isinstance(value, str) else None  # a stored value that is no text
+        return (found in self.values) == (self.operator == "in")
 
 
 @dataclass(frozen=True)
 class Selector:
     requirements: tuple[Requirement, ...]
 
-    def matches(self, labels: dict[str, str]) -> bool:
-        return all(requirement.matches(labels) for requirement in self.requirements)
+    def matches(self, labels: Any) -> bool:
+        """Labels stored in a form that does not validate (written by an older gctl, or by
+        hand) match as far as they are a map of text: what is no map is none."""
+        found = labels if isinstance(labels, Mapping) else {}
+        return all(requirement.matches(found) for requirement in self.requirements)
 
 
 def _split(text: str) -> list[str]:

@@ -15,7 +15,8 @@ from gctl.api import kinds, quantity
 from gctl.cli import views
 
 Wire = dict[str, Any]
-Column = tuple[str, Callable[[Wire, datetime], str]]
+Read = Callable[[Wire, datetime], str]
+Column = tuple[str, Read]
 NONE = "<none>"
 
 
@@ -128,11 +129,17 @@ def index_ranges(indices: Sequence[int]) -> str:
     return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
+def value_at(w: Wire, path: Sequence[str]) -> Any:
+    """The value at `path` in a wire dict; None where there is none."""
+    value: Any = w
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def _gpu_ids(*path: str) -> Callable[[Wire, datetime], str]:
     def read(w: Wire, _now: datetime) -> str:
-        value: Any = w
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
+        value = value_at(w, path)
         return index_ranges([int(i) for i in value]) if value else NONE
 
     return read
@@ -140,9 +147,7 @@ def _gpu_ids(*path: str) -> Callable[[Wire, datetime], str]:
 
 def field(*path: str, default: str = NONE) -> Callable[[Wire, datetime], str]:
     def read(w: Wire, _now: datetime) -> str:
-        value: Any = w
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
+        value = value_at(w, path)
         if value is None or value in ([], ""):
             return default
         if isinstance(value, list):

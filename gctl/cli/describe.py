@@ -7,7 +7,8 @@ terminal's width (100 columns through a pipe).
 
 `describe` itself, at the end, reads each object with its events through the Store, and what
 the sections beside it need: the queue (for a pending Job), the chain of dependencies, a pool's
-usage as `get pools` counts it (through `getting`).
+usage as `get pools` counts it (through `getting`). An object stored in a form that does not
+validate is not described: one line on stderr names it, once the others are.
 """
 
 import re
@@ -20,6 +21,7 @@ from gctl.api import errors, event, kinds, queue
 from gctl.cli import cells, fitting, getting, views
 
 if TYPE_CHECKING:
+    from gctl.api import meta
     from gctl.store import store
 
 # Before a capital after a lowercase letter or digit, and before the last capital of a run
@@ -223,22 +225,29 @@ class Chain:
 
 class _Namespace:
     def __init__(self, jobs: list[dict[str, Any]], sweeps: list[dict[str, Any]]) -> None:
-        self.phases = {("Job", w["metadata"]["name"]): _phase(w) for w in jobs}
-        self.phases |= {("Sweep", w["metadata"]["name"]): _phase(w) for w in sweeps}
+        self.phases: dict[tuple[str, str], str] = {}  # (kind, name) -> phase
         self.needed_by: dict[str, list[list[str]]] = {}  # name -> rows of what waits on it
-        for w in (*jobs, *sweeps):
-            if not _owned_by_sweep(w):
-                for name in _depends(w):
-                    row = [w["metadata"]["name"], w["kind"], _phase(w)]
-                    self.needed_by.setdefault(name, []).append(row)
         self.sweep_jobs: dict[str, list[list[str]]] = {}  # Sweep name -> rows of its Jobs
-        for w in jobs:
-            owner = w["metadata"].get("labels", {}).get(_SWEEP_LABEL)
-            if owner is not None:
-                point = w["metadata"].get("annotations", {}).get("gctl/sweep-point", "")
-                self.sweep_jobs.setdefault(owner, []).append(
-                    [w["metadata"]["name"], _phase(w), point]
-                )
+        for kind, found in (("Job", jobs), ("Sweep", sweeps)):
+            for w in found:
+                try:
+                    self._add(kind, w)
+                except Exception:
+                    if not views.malformed(kind, w):
+                        raise
+                    # What it waits for cannot be read: it is in the chain as its phase alone.
+                    self.phases.setdefault((kind, w["metadata"]["name"]), views.INVALID)
+
+    def _add(self, kind: str, w: dict[str, Any]) -> None:
+        name, phase = w["metadata"]["name"], _phase(w)
+        self.phases[(kind, name)] = phase
+        if not _owned_by_sweep(w):
+            for need in _depends(w):
+                self.needed_by.setdefault(need, []).append([name, kind, phase])
+        owner = w["metadata"].get("labels", {}).get(_SWEEP_LABEL) if kind == "Job" else None
+        if owner is not None:
+            point = w["metadata"].get("annotations", {}).get("gctl/sweep-point", "")
+            self.sweep_jobs.setdefault(owner, []).append([name, phase, point])
 
 
 def related(
@@ -333,16 +342,22 @@ def _section(
 
 
 def describe(*, resource: str, names: list[str], namespace: str | None, db_url: str | None) -> None:
+    """Each kind named in turn; an object stored in a form that does not validate is said in
+    one line on stderr, after the others are described, and fails the command at the end."""
+    described = True
     for number, (info, group) in enumerate(getting.resource_and_names(resource, names)):
         if number:
             sys.stdout.write("\n\n")
-        _describe_kind(info, group, namespace, db_url)
+        described &= _describe_kind(info, group, namespace, db_url)
+    if not described:
+        raise SystemExit(1)
 
 
 def _describe_kind(
     info: kinds.KindInfo, names: list[str], namespace: str | None, db_url: str | None
-) -> None:
-    from gctl.store import db, store, stored
+) -> bool:
+    """Whether every object found validates (those that do are described)."""
+    from gctl.store import db, store
 
     cls = kinds.model(info.kind)
     where = getting.scope(info, namespace, False)
@@ -357,11 +372,8 @@ def _describe_kind(
             raise errors.NotFound(getting.not_found(info, missing[0], where))
         if not wires:
             getting.no_resources(info, where)
-            return
-        events = [
-            reader.events_for(stored.validated(cls, wire)) if "uid" in wire["metadata"] else []
-            for wire in wires
-        ]
+            return True
+        wires, events, invalid = _with_events(reader, cls, wires)
         now, width = datetime.now(UTC), fitting.screen_width(sys.stdout)
         if info is kinds.JOB and any(queue.pending(w) and not queue.held(w, now) for w in wires):
             getting.number_queue(
@@ -383,6 +395,28 @@ def _describe_kind(
             for w, found in zip(wires, events, strict=True)
         ]
     sys.stdout.write("\n\n".join(texts))
+    for problem in invalid:
+        print(f"error: {problem}", file=sys.stderr)
+    return not invalid
+
+
+def _with_events(
+    reader: "store.Store", cls: "type[meta.Resource]", wires: list[views.Wire]
+) -> tuple[list[views.Wire], list[list[event.Event]], list[errors.StoredInvalid]]:
+    """The objects that validate as stored, with their events; and what is wrong with each of
+    the others, as kubectl goes on past a name it does not find."""
+    from gctl.store import stored
+
+    kept, events, invalid = [], [], []
+    for wire in wires:
+        try:
+            found = stored.validated(cls, wire) if "uid" in wire["metadata"] else None
+        except errors.StoredInvalid as exc:
+            invalid.append(exc)
+            continue
+        kept.append(wire)
+        events.append([] if found is None else reader.events_for(found))
+    return kept, events, invalid
 
 
 def _with_default_pool(pools: list[views.Wire]) -> list[views.Wire]:

@@ -168,8 +168,14 @@ class Tracker:
             else:
                 self._nodes[key[1]] = wire
             return True
-        holding = self._holding.setdefault(_node_of(kind, wire), {})
-        if deleted or not views.holding(wire):
+        try:
+            node, holds = _node_of(kind, wire), not deleted and views.holding(wire)
+        except Exception:
+            if not views.malformed(kind, wire):
+                raise
+            return False  # what it holds cannot be read: the rows leave it out (views)
+        holding = self._holding.setdefault(node, {})
+        if not holds:
             return holding.pop(key, None) is not None
         holding[key] = wire
         return True

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gctl.api import errors, kinds
-from gctl.cli import cells, fitting
+from gctl.cli import cells, fitting, views
 
 Wire = dict[str, Any]
 _GAP = "   "  # between columns, as kubectl's
@@ -43,12 +43,13 @@ class Table:
             columns.insert(0, ("NAMESPACE", cells.field("metadata", "namespace")))
         if show_labels:
             columns.append(("LABELS", cells.labels))
+        self.kind = kind
         self.columns = sorted(columns, key=lambda column: column[0] == cells.FREE_TEXT)
         self.width = None if wide else width
         self.widths: list[int] | None = None
 
     def lines(self, wires: Sequence[Wire], now: datetime, header: bool) -> list[str]:
-        grid = [[read(w, now) for _, read in self.columns] for w in wires]
+        grid = [self._row(w, now) for w in wires]
         titles = [title for title, _ in self.columns]
         if self.widths is None:
             self.widths = [
@@ -64,12 +65,47 @@ class Table:
             lines.extend(" " * start + piece for piece in more)
         return lines
 
+    def _row(self, w: Wire, now: datetime) -> list[str]:
+        """The object's cells; where one cannot be worked out of an object that does not
+        validate as stored, what `as_stored` shows instead: the row is still listed."""
+        try:
+            return [read(w, now) for _, read in self.columns]
+        except Exception:
+            if not views.malformed(self.kind, w):
+                raise
+        return [as_stored(self.kind, title, read, w, now) for title, read in self.columns]
+
     def _fit(self, title: str, cell: str, start: int) -> list[str]:
         """The last cell in what the line leaves it: labels wrapped, anything else cut."""
         if self.width is None:
             return [cell]
         room = fitting.room(self.width, start)
         return fitting.wrap(cell, room) if title == "LABELS" else [fitting.cut(cell, room)]
+
+
+# Cells worked out of one stored value, by kind and column: the value they show as stored
+# where they cannot work it out of an object that does not validate (`as_stored`).
+STORED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("Job", "GPUS"): ("spec", "resources", "gpus"),
+    ("Job", "GPU-IDS"): ("status", "gpus"),
+    ("Job", "ETA"): ("status", "estimatedStartTime"),
+    ("Binding", "GPUS"): ("spec", "gpus"),
+    ("Node", "HEARTBEAT"): ("status", "heartbeatTime"),
+    ("ApplySet", "LAST SYNC"): ("status", "lastSyncTime"),
+}
+
+
+def as_stored(kind: str, title: str, read: cells.Read, w: Wire, now: datetime) -> str:
+    """A cell of an object that does not validate as stored: `read`'s, where it can work it
+    out; else the value it is worked out of, as stored (`STORED`), where that is printable
+    text or a number; else `<invalid>`."""
+    try:
+        return read(w, now)
+    except Exception:
+        path = STORED.get((kind, title))
+        value = None if path is None else cells.value_at(w, path)
+        printable = isinstance(value, str | int | float) and str(value).isprintable()
+        return str(value) if printable and str(value) else views.INVALID
 
 
 def ref(w: Wire) -> str:

@@ -4,18 +4,65 @@ whether a draining node or GPU is empty yet.
 Pure functions of wire dicts (as listed), so `get` pays for no validation and unit tests need
 no database. A view of a stored kind is kept in the copy of its wire under `VIEW`, which the
 table columns read and -o yaml|json never print.
+
+An object stored in a form that does not validate (`malformed`) may hold anything where a field
+should be: what cannot be read of it counts nowhere here, so that `get` still lists the rest.
 """
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from gctl.api import kinds, queue, selection
 
 Wire = dict[str, Any]
+T = TypeVar("T")
 VIEW = "_view"  # the key, in a listed object's copy, of what its table columns show beyond it
 HOLDING = frozenset({"Pending", "Armed", "Starting", "Running"})  # as ACTIVE_PHASES
 DEFAULT_POOL = "default"
+INVALID = "<invalid>"  # what cannot be worked out of an object that does not validate
+# What `get` adds to a Job's status to print it (getting.number_queue): no stored field.
+PRINTED = frozenset({"queuePosition", "queueOrder"})
+
+
+def malformed(kind: str, w: Wire) -> bool:
+    """Whether a listed object of `kind` does not validate as stored (what `get` added to it
+    left out): only such an object's cells and counts may fall back where they cannot be
+    worked out of it; for any other, the error is a bug and is raised."""
+    if kind not in kinds.BY_KIND:
+        return False  # a view's own row (`gpu_rows`): nothing stored to blame
+    stored = {key: value for key, value in w.items() if key != VIEW}
+    if isinstance(status := stored.get("status"), dict):
+        stored["status"] = {key: value for key, value in status.items() if key not in PRINTED}
+    return kinds.malformed(kind, stored)
+
+
+def _each(kind: str, wires: Iterable[Wire], read: Callable[[Wire], T]) -> list[T]:
+    """`read` of each object; one that does not validate as stored, where `read` cannot read
+    it, is left out: what it holds cannot be known (the scheduler leaves it out too)."""
+    found = []
+    for w in wires:
+        try:
+            found.append(read(w))
+        except Exception:
+            if not malformed(kind, w):
+                raise
+    return found
+
+
+def _viewed(kind: str, wires: Iterable[Wire], view: Callable[[Wire], Wire]) -> list[Wire]:
+    """Each object with its `view` under VIEW; one that does not validate as stored, where
+    `view` cannot read it, without one: its cells say what they can (cells.as_stored)."""
+    found = []
+    for w in wires:
+        try:
+            found.append({**w, VIEW: view(w)})
+        except Exception:
+            if not malformed(kind, w):
+                raise
+            found.append(w)
+    return found
 
 
 def bound_ahead(bound: Wire) -> bool:
@@ -31,13 +78,25 @@ def holding(bound: Wire) -> bool:
 
 
 def holders(bindings: Iterable[Wire]) -> dict[tuple[str, int], list[Wire]]:
-    """(node, GPU index) -> the Bindings that hold it."""
+    """(node, GPU index) -> the Jobs that hold it, by the Bindings that do: their namespace,
+    name and share of the GPU."""
     held: dict[tuple[str, int], list[Wire]] = {}
-    for bound in bindings:
-        if holding(bound):
-            for index in bound["spec"].get("gpus", []):
-                held.setdefault((bound["spec"]["node"], int(index)), []).append(bound)
+    for gpus in _each(kinds.BINDING.kind, bindings, _holds):
+        for gpu, holder in gpus:
+            held.setdefault(gpu, []).append(holder)
     return held
+
+
+def _holds(bound: Wire) -> list[tuple[tuple[str, int], Wire]]:
+    if not holding(bound):
+        return []
+    spec = bound["spec"]
+    holder = {
+        "namespace": bound["metadata"].get("namespace", kinds.DEFAULT_NAMESPACE),
+        "name": str(spec["jobName"]),
+        "share": float(spec.get("gpuShare", 1.0)),
+    }
+    return [((str(spec["node"]), int(index)), holder) for index in spec.get("gpus", [])]
 
 
 def ready(node: Wire) -> bool:
@@ -77,18 +136,19 @@ def node_status(node: Wire, busy: bool | None) -> str:
 def with_node_views(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
     """Nodes with their STATUS and GPU counts as `get nodes` prints them (they need the
     Bindings on them)."""
-    busy = {b["spec"]["node"] for b in bindings if holding(b)}
+    busy = set(_each(kinds.BINDING.kind, bindings, _holding_on))
     counts = gpu_counts(gpu_rows(nodes, bindings))
-    return [
-        {
-            **n,
-            VIEW: {
-                "status": node_status(n, n["metadata"]["name"] in busy),
-                **counts.get(n["metadata"]["name"], _no_gpus()),
-            },
-        }
-        for n in nodes
-    ]
+
+    def view(n: Wire) -> Wire:
+        name = n["metadata"]["name"]
+        return {"status": node_status(n, name in busy), **counts.get(name, _no_gpus())}
+
+    return _viewed(kinds.NODE.kind, nodes, view)
+
+
+def _holding_on(bound: Wire) -> str | None:
+    """The node whose GPUs an attempt holds; None if it holds none."""
+    return str(bound["spec"]["node"]) if holding(bound) else None
 
 
 # What `get nodes` counts of a node's GPUs, each GPU in the first that applies (so that they add
@@ -125,47 +185,48 @@ def gpu_rows(nodes: Sequence[Wire], bindings: Sequence[Wire]) -> list[Wire]:
     """One mapping per GPU of every Node: what it is, how full, which jobs hold it (from the
     Bindings that are Pending or Running), its state, and the processes gctl did not start."""
     held = holders(bindings)
-    job_pids = {
-        (b["spec"]["node"], int(b["status"]["pid"]))
-        for b in bindings
-        if b["status"].get("phase") == "Running" and b["status"].get("pid") is not None
-    }
+    job_pids = set(_each(kinds.BINDING.kind, bindings, _running_pid))
+    ordered = sorted(nodes, key=lambda n: str(n["metadata"]["name"]))
+    rows_of = partial(_gpu_rows_of, held=held, job_pids=job_pids)
+    return [row for rows in _each(kinds.NODE.kind, ordered, rows_of) for row in rows]
+
+
+def _running_pid(bound: Wire) -> tuple[str, int] | None:
+    """(node, pid) of a running attempt's process, where it has one."""
+    status = bound["status"]
+    if status.get("phase") != "Running" or status.get("pid") is None:
+        return None
+    return str(bound["spec"]["node"]), int(status["pid"])
+
+
+def _gpu_rows_of(
+    node: Wire, held: dict[tuple[str, int], list[Wire]], job_pids: set[tuple[str, int] | None]
+) -> list[Wire]:
+    """The rows of one Node's GPUs (`gpu_rows`)."""
+    name = node["metadata"]["name"]
     rows = []
-    for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
-        name = node["metadata"]["name"]
-        for gpu in sorted(node["status"].get("gpus", []), key=lambda g: int(g["index"])):
-            index = int(gpu["index"])
-            foreign = [
-                {"pid": p["pid"], "usedMemory": p.get("usedMemory")}
-                for p in gpu.get("processes", [])
-                if (name, int(p["pid"])) not in job_pids  # the agent leaves them out already
-            ]
-            on_it = held.get((name, index), [])
-            jobs = sorted(
-                (
-                    {
-                        "namespace": b["metadata"].get("namespace", kinds.DEFAULT_NAMESPACE),
-                        "name": b["spec"]["jobName"],
-                        "share": b["spec"].get("gpuShare", 1.0),
-                    }
-                    for b in on_it
-                ),
-                key=lambda h: (h["namespace"], h["name"]),
-            )
-            rows.append(
-                {
-                    "node": name,
-                    "index": index,
-                    "uuid": gpu.get("uuid"),
-                    "model": gpu.get("model"),
-                    "memoryUsed": gpu.get("memoryUsed"),
-                    "memoryTotal": gpu.get("memoryTotal"),
-                    "utilization": gpu.get("utilization"),
-                    "status": gpu_state(node, index, bool(on_it)),
-                    "jobs": jobs,
-                    "foreignProcesses": foreign,
-                }
-            )
+    for gpu in sorted(node["status"].get("gpus", []), key=lambda g: int(g["index"])):
+        index = int(gpu["index"])
+        foreign = [
+            {"pid": p["pid"], "usedMemory": p.get("usedMemory")}
+            for p in gpu.get("processes", [])
+            if (name, int(p["pid"])) not in job_pids  # the agent leaves them out already
+        ]
+        on_it = held.get((name, index), [])
+        rows.append(
+            {
+                "node": name,
+                "index": index,
+                "uuid": gpu.get("uuid"),
+                "model": gpu.get("model"),
+                "memoryUsed": gpu.get("memoryUsed"),
+                "memoryTotal": gpu.get("memoryTotal"),
+                "utilization": gpu.get("utilization"),
+                "status": gpu_state(node, index, bool(on_it)),
+                "jobs": sorted(on_it, key=lambda h: (h["namespace"], h["name"])),
+                "foreignProcesses": foreign,
+            }
+        )
     return rows
 
 
@@ -180,17 +241,19 @@ def pool_gpus(pool: Wire, nodes: Sequence[Wire]) -> set[tuple[str, int]]:
     labels: dict[str, str] = selector.get("nodeLabels") or {}
     model = selector.get("gpuModel") or None
     indices = set(selection.expand_indices(selector["gpus"])) if selector.get("gpus") else None
-    found = set()
-    for node in nodes:
+
+    def taken(node: Wire) -> list[tuple[str, int]]:
         name = node["metadata"]["name"]
         node_labels = node["metadata"].get("labels", {})
         if not selection.takes_node(name, node_labels, names, labels.items()):
-            continue
-        for gpu in node["status"].get("gpus", []):
-            index = int(gpu["index"])
-            if selection.takes_gpu(index, str(gpu.get("model", "")), indices, model):
-                found.add((name, index))
-    return found
+            return []
+        return [
+            (name, int(gpu["index"]))
+            for gpu in node["status"].get("gpus", [])
+            if selection.takes_gpu(int(gpu["index"]), str(gpu.get("model", "")), indices, model)
+        ]
+
+    return {gpu for gpus in _each(kinds.NODE.kind, nodes, taken) for gpu in gpus}
 
 
 def with_implicit_default(pools: Sequence[Wire]) -> list[Wire]:
@@ -213,15 +276,21 @@ _POOL_COLUMNS = ("running", "queued", "held", "ahead")
 
 
 def _pool_column(
-    job: Wire, ahead: Container[str | None], now: datetime, succeeded: Container[queue.Key]
-) -> str | None:
-    """Which of a pool's job counts a Job adds to, if any."""
+    ahead: Container[str | None], now: datetime, succeeded: Container[queue.Key], job: Wire
+) -> tuple[str, str | None]:
+    """A Job's pool, and which of its job counts the Job adds to, if any."""
+    pool = queue.pool_of(job)
     phase = job["status"].get("phase", "Pending")
     if phase in ("Scheduled", "Running"):
-        return "ahead" if job["metadata"].get("uid") in ahead else "running"
+        return pool, "ahead" if job["metadata"].get("uid") in ahead else "running"
     if phase != "Pending":
-        return None
-    return "queued" if queue.queued(job, now, succeeded) else "held"
+        return pool, None
+    return pool, "queued" if queue.queued(job, now, succeeded) else "held"
+
+
+def _ahead_of(bound: Wire) -> Any:
+    """The uid of the Job whose attempt is bound ahead; None if it is not."""
+    return bound["spec"].get("jobUID") if bound_ahead(bound) else None
 
 
 def with_pool_views(
@@ -240,20 +309,22 @@ def with_pool_views(
     `succeeded` as `queue.succeeded_among` finds it) and AHEAD (bound ahead to a busy GPU)."""
     taken = set(holders(bindings))
     # Jobs bound ahead are Scheduled, but wait for their GPUs: neither running nor queued.
-    ahead = {b["spec"].get("jobUID") for b in bindings if bound_ahead(b)}
-    counts: dict[tuple[str, str], int] = {}
-    for j in jobs:
-        if (column := _pool_column(j, ahead, now, succeeded)) is not None:
-            where = (queue.pool_of(j), column)
-            counts[where] = counts.get(where, 0) + 1
+    ahead = set(_each(kinds.BINDING.kind, bindings, _ahead_of)) - {None}
+    counts: dict[tuple[str, str | None], int] = {}
+    for where in _each(kinds.JOB.kind, jobs, partial(_pool_column, ahead, now, succeeded)):
+        counts[where] = counts.get(where, 0) + 1
     viewed = []
     for p in pools:
         name = p["metadata"]["name"]
-        gpus = pool_gpus(p, nodes)
-        view = {
-            "gpus": len(gpus),
-            "allocated": len(gpus & taken),
-            **{column: counts.get((name, column), 0) for column in _POOL_COLUMNS},
+        view: dict[str, int | str] = {
+            column: counts.get((name, column), 0) for column in _POOL_COLUMNS
         }
+        try:
+            gpus = pool_gpus(p, nodes)
+            view |= {"gpus": len(gpus), "allocated": len(gpus & taken)}
+        except Exception:
+            if not malformed(kinds.GPUPOOL.kind, p):
+                raise
+            view |= {"gpus": INVALID, "allocated": INVALID}  # its GPUs cannot be read
         viewed.append({**p, VIEW: view})
     return viewed

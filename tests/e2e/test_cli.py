@@ -28,7 +28,7 @@ import yaml
 import gctl as gctl_package
 from gctl.api import job, pool, sweep
 from gctl.store import db, store, tables
-from tests.builders import JobBuilder, make_job
+from tests.builders import JobBuilder, corrupt, make_job
 from tests.conftest import DIALECTS, Gctl, Result
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -1342,3 +1342,74 @@ def test_an_object_stored_in_a_form_gctl_refuses_is_named_in_one_line(
             " (spec.retired: unknown field): written by an older gctl or edited by hand; fix or"
             " delete its row in the database"
         )
+
+
+def _seed_malformed_jobs(database: db.Database) -> None:
+    """`good`, and two Jobs stored as gctl would refuse them: `lots` of GPUs (a value the
+    tables cannot work out), and a spec that is a list (nothing of it can be read)."""
+    seed(database, make_job("good"), make_job("lots"), make_job("listed"))
+    corrupt(database, "Job", "lots", spec={"command": ["true"], "resources": {"gpus": "lots"}})
+    corrupt(database, "Job", "listed", spec=[])
+
+
+def test_get_lists_jobs_stored_in_a_form_gctl_refuses(gctl: Gctl, database: db.Database) -> None:
+    """QA's case: `get` lists them (a cell it cannot work out shows the value as stored, or
+    `<invalid>`) where it failed with a traceback; a Job the queue cannot read has no POS."""
+    _seed_malformed_jobs(database)
+
+    header, rows = table(gctl.ok("get", "jobs"))
+    shown = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert [shown[name]["GPUS"] for name in ("good", "lots", "listed")] == [
+        "1",
+        "lots",
+        "<invalid>",
+    ]
+    assert shown["listed"]["STATUS"] == "<invalid>"
+    assert shown["lots"]["STATUS"] == "Pending"
+    header, rows = table(gctl.ok("get", "jobs", "-o", "wide"))
+    wide = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert wide["listed"]["POS"] == "<none>"
+    assert wide["good"]["POS"] != "<none>"
+    for name in ("lots", "listed"):
+        assert table(gctl.ok("get", "jobs", name))[1][0][0] == name
+        assert table(gctl.ok("get", "jobs", name, "-o", "wide"))[1][0][0] == name
+    assert gctl.ok("get", "jobs", "-o", "name").split() == [
+        "job.gctl/good", "job.gctl/listed", "job.gctl/lots"
+    ]  # fmt: skip
+    listed = json.loads(gctl.ok("get", "jobs", "-o", "json"))["items"]
+    assert [item["spec"] for item in listed][1] == []
+    assert "gpus: lots" in gctl.ok("get", "job", "lots", "-o", "yaml")
+    with watching(gctl, "get", "jobs", "-w", "-o", "wide") as lines:
+        lines.wait_for(lambda line: line.split()[:2] == ["lots", "Pending"])
+
+
+def test_get_pools_and_describe_count_jobs_stored_in_a_form_gctl_refuses(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """A Job the queue cannot read is HELD in its pool (out of the queue, as the scheduling
+    pass leaves it), and `describe` of the others reads past it; `describe` of every Job
+    describes those that validate and names each of the others in one line, exit 1."""
+    _seed_malformed_jobs(database)
+
+    header, [row] = table(gctl.ok("get", "pools"))
+    counts = dict(zip(header, row, strict=False))
+    assert (counts["NAME"], counts["QUEUED"], counts["HELD"]) == ("default", "2", "1")
+    assert "Queued:" in gctl.ok("describe", "gpupool", "default")
+    assert gctl.ok("describe", "job", "good").startswith("Name:         good\n")
+
+    done = gctl("describe", "jobs")
+
+    assert done.code == 1
+    assert "Traceback" not in done.err
+    assert [line for line in done.out.splitlines() if line.startswith("Name:")] == [
+        "Name:         good"
+    ]
+    assert done.err.splitlines() == [
+        'error: job "listed" in namespace "default" as stored does not validate (spec: must be'
+        " a valid dictionary or instance of JobSpec): written by an older gctl or edited by"
+        " hand; fix or delete its row in the database",
+        'error: job "lots" in namespace "default" as stored does not validate'
+        " (spec.resources.gpus: must be a number: a fraction in (0,1] or a whole number of"
+        " GPUs): written by an older gctl or edited by hand; fix or delete its row in the"
+        " database",
+    ]

@@ -16,7 +16,7 @@ import pytest
 
 from gctl.api import binding, event, job, meta, node, pool
 from gctl.store import db, store
-from tests.builders import make_binding, make_job
+from tests.builders import corrupt, make_binding, make_job
 from tests.conftest import Gctl, Result
 from tests.e2e.test_cli import Lines, error_line, revision
 
@@ -537,6 +537,65 @@ def test_describe_gpupool_default_shows_the_implicit_one_and_its_settings(
     assert _usage(described)["Allocated"].strip() == "1"
     assert described.rstrip().endswith("Events:       <none>")
     assert gctl.ok("describe", "gpupool").count("Name:") == 1
+
+
+def test_a_pool_stored_in_a_form_gctl_refuses_is_listed_and_described_past(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """`get pools` lists it (what cannot be worked out of it `<invalid>`); `describe gpupool`
+    describes the others and names it in one line, exit 1, as kubectl goes on past a name
+    it does not find."""
+    put(database, make_node("box1", gpus=2), _pool("good", selector=pool.PoolSelector(gpus=["0"])))
+    put(database, _pool("broken"))
+    corrupt(database, "GPUPool", "broken", spec={"selector": []})
+
+    listed = rows(gctl.ok("get", "pools"))
+    wide = gctl("get", "pools", "-o", "wide")
+    done = gctl("describe", "gpupool")
+
+    assert listed["broken"][1:3] == ["<invalid>", "<invalid>"]
+    assert listed["good"][1] == "1"
+    no_traceback(wide)
+    assert wide.code == 0
+    assert done.code == 1
+    assert [line for line in done.out.splitlines() if line.startswith("Name:")] == [
+        "Name:         default",
+        "Name:         good",
+    ]
+    assert error_line(done) == (
+        'error: gpupool "broken" as stored does not validate (spec.selector: must be a valid'
+        " dictionary or instance of PoolSelector): written by an older gctl or edited by hand;"
+        " fix or delete its row in the database"
+    )
+
+
+def test_nodes_and_attempts_stored_in_a_form_gctl_refuses_are_left_out_of_the_views(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """A Node whose status is no mapping is listed, its cells `<invalid>`, and has no GPUs
+    to show; an attempt that names no GPU indices holds none; the rest count as before."""
+    put(
+        database,
+        make_node("box1", gpus=2),
+        make_node("box2", gpus=2),
+        make_binding("a", "box1", [0]),
+        make_binding("b", "box1", [1]),
+        _job("a", "Running"),
+        _job("b", "Running"),
+    )
+    corrupt(database, "Node", "box2", status=[])
+    corrupt(database, "Binding", "b-1", spec={"jobName": "b", "node": "box1", "gpus": "one"})
+
+    nodes = rows(gctl.ok("get", "nodes"))
+    gpus = rows(gctl.ok("get", "gpus", "-o", "wide"))
+    [pools] = rows(gctl.ok("get", "pools")).values()
+    attempts = rows(gctl.ok("get", "bindings"))
+
+    assert nodes["box1"][:3] == ["box1", "Ready", "1/2"]
+    assert nodes["box2"][1:3] == ["<invalid>", "<invalid>"]
+    assert {key: cells[5] for key, cells in gpus.items()} == {"box1/0": "a", "box1/1": "<none>"}
+    assert pools[:4] == ["default", "2", "1", "2"]
+    assert attempts["b-1"][3] == "one"  # GPUS, as stored
 
 
 def test_profiles_apply_and_list(gctl: Gctl) -> None:

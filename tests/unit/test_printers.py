@@ -627,3 +627,32 @@ def test_yaml_is_dumped_with_the_cycle_collector_paused_and_left_as_found(
     finally:
         (gc.enable if was else gc.disable)()
         del dumper.yaml_representers[_Probe]
+
+
+# -- objects stored in a form gctl refuses (an older gctl wrote them, or a hand edit) --------
+
+
+@pytest.mark.parametrize(
+    ("gpus", "shown"), [("lots", "lots"), ({"n": 2}, "<invalid>"), ("two\nlines", "<invalid>")]
+)
+def test_a_cell_that_cannot_be_worked_out_shows_the_value_as_stored(gpus: Any, shown: str) -> None:
+    """The row is listed: a cell worked out of one value shows it as stored where it is
+    printable; any other cell that cannot be worked out, `<invalid>`."""
+    table = printers.Table("Job", wide=True, namespaces=False, show_labels=False)
+    broken = _job("a", resources={"gpus": gpus})
+    [row, other] = table.lines([broken, {**_job("b"), "spec": []}], NOW, header=False)
+    assert row.split()[:3] == ["a", "Pending", shown]
+    assert other.split()[:3] == ["b", "<invalid>", "<invalid>"]
+
+
+def test_a_cell_that_fails_on_an_object_as_gctl_writes_it_is_a_bug_and_raises() -> None:
+    """Only an object that does not validate as stored may show `<invalid>`."""
+    from tests.builders import make_job
+
+    table = printers.Table("Job", wide=False, namespaces=False, show_labels=False)
+    table.columns.append(("BROKEN", lambda _w, _now: str(1 // 0)))
+    valid = make_job("a").build().wire()
+    with pytest.raises(ZeroDivisionError):
+        table.lines([valid], NOW, header=False)
+    [line] = table.lines([{**valid, "spec": []}], NOW, header=False)
+    assert line.split()[-1] == "<invalid>"

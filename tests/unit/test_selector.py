@@ -35,3 +35,12 @@ def test_matches(text: str, matches: bool) -> None:
 def test_refused(text: str) -> None:
     with pytest.raises(errors.Invalid, match="-l"):
         selector.parse(text)
+
+
+def test_labels_stored_in_a_form_gctl_refuses_match_as_far_as_they_are_text() -> None:
+    """An older gctl or a hand edit may have left labels that are no map, or a value that is
+    no text: what is not a map of text counts as no label, not as a traceback of `get -l`."""
+    assert not selector.parse("a=b").matches(["a"])
+    assert selector.parse("!a").matches(["a"])
+    assert not selector.parse("a in (b)").matches({"a": ["b"]})
+    assert selector.parse("a!=b,a").matches({"a": ["b"]})
