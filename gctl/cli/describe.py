@@ -366,7 +366,7 @@ def _describe_kind(
         reader = store.Store(session)
         wires = reader.list_wire(cls, where, names=names or None)
         if info is kinds.GPUPOOL and (not names or views.DEFAULT_POOL in names):
-            wires = _with_default_pool(wires)
+            wires = getting.with_default_pool(wires, filled=True)
         missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
         if missing:
             raise errors.NotFound(getting.not_found(info, missing[0], where))
@@ -417,18 +417,6 @@ def _with_events(
         kept.append(wire)
         events.append([] if found is None else reader.events_for(found))
     return kept, events, invalid
-
-
-def _with_default_pool(pools: list[views.Wire]) -> list[views.Wire]:
-    """`views.with_implicit_default`, its spec filled in with the defaults the scheduler uses
-    for it, so that `describe` says how it behaves."""
-    from gctl.api import pool
-
-    found = views.with_implicit_default(pools)
-    for p in found:
-        if "uid" not in p["metadata"]:
-            p["spec"] = pool.GPUPoolSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
-    return found
 
 
 def _usage_by_pool(db_url: str | None, pools: list[views.Wire], width: int) -> dict[str, list[str]]:

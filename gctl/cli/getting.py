@@ -106,6 +106,31 @@ def number_queue(
             wire["status"]["queueOrder"] = orders.get(queue.pool_of(wire), queue.FIFO)
 
 
+def with_default_pool(pools: list[views.Wire], *, filled: bool) -> list[views.Wire]:
+    """`views.with_implicit_default`; `filled`: its spec filled in with the defaults the
+    scheduler uses for it, so that it says how it behaves (describe, -o yaml|json), which
+    loads the model."""
+    found = views.with_implicit_default(pools)
+    if filled:
+        from gctl.api import pool
+
+        for p in found:
+            if "uid" not in p["metadata"]:
+                spec = pool.GPUPoolSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+                p["spec"] = spec
+    return found
+
+
+def with_named_default(
+    info: kinds.KindInfo, wires: list[views.Wire], names: Sequence[str], *, filled: bool
+) -> list[views.Wire]:
+    """Pools found by name, and the implicit default one (`with_default_pool`) where `names`
+    name it and none is stored: what `get pools` lists can be got by name."""
+    if info is not kinds.GPUPOOL or views.DEFAULT_POOL not in names:
+        return wires
+    return with_default_pool(wires, filled=filled)
+
+
 def with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[views.Wire]:
     """Nodes and pools as their tables show them: with what the Bindings and Jobs say."""
     if not wires or kind not in (kinds.NODE.kind, kinds.GPUPOOL.kind):
@@ -206,7 +231,9 @@ def _get_documents(
     missing: list[str] = []
     for info, group in groups:
         where = scope(info, namespace, False)
-        found = list_kind(db_url, info, where, group).wires
+        found = with_named_default(
+            info, list_kind(db_url, info, where, group).wires, group, filled=True
+        )
         wires.extend(found)
         have = {w["metadata"]["name"] for w in found}
         missing.extend(not_found(info, name, where) for name in group if name not in have)
@@ -229,7 +256,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
             _print_pages(pages, label_selector, info, where, flags.show_labels)
             return
     snapshot = list_kind(db_url, info, where, names or None)
-    wires = snapshot.wires
+    wires = with_named_default(info, snapshot.wires, names, filled=output in ("yaml", "json"))
     if label_selector is not None:
         wires = [w for w in wires if label_selector.matches(w["metadata"].get("labels", {}))]
     missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})

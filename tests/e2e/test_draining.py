@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gctl.api import binding, event, job, meta, node, pool
 from gctl.store import db, store
@@ -537,6 +538,25 @@ def test_describe_gpupool_default_shows_the_implicit_one_and_its_settings(
     assert _usage(described)["Allocated"].strip() == "1"
     assert described.rstrip().endswith("Events:       <none>")
     assert gctl.ok("describe", "gpupool").count("Name:") == 1
+
+
+def test_get_pools_by_name_finds_the_implicit_default(gctl: Gctl, database: db.Database) -> None:
+    """`get pools` lists a default pool when none is stored, and `describe` shows it: `get`
+    by its name finds it too, -o yaml as describe says it behaves."""
+    put(database, make_node("box1", gpus=2), _job("a", "Pending"))
+
+    [row] = rows(gctl.ok("get", "pools", "default")).values()
+    named = yaml.safe_load(gctl.ok("get", "gpupool", "default", "-o", "yaml"))
+    both = yaml.safe_load(gctl.ok("get", "pool/default", "job/a", "-o", "yaml"))
+
+    assert row[:3] == ["default", "2", "0"]
+    assert named["metadata"] == {"name": "default"}
+    assert (named["spec"]["policy"], named["spec"]["queueOrder"]) == ("binpack", "FIFO")
+    assert [item["metadata"]["name"] for item in both["items"]] == ["default", "a"]
+    assert gctl.ok("get", "pools", "default", "-o", "name") == "gpupool.gctl/default\n"
+    missing = gctl("get", "pools", "default", "nope")
+    assert missing.code == 1
+    assert error_line(missing) == 'error: gpupool "nope" not found'
 
 
 def test_a_pool_stored_in_a_form_gctl_refuses_is_listed_and_described_past(
