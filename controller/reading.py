@@ -487,9 +487,11 @@ def queued_requests(
 
 def raise_invalid(wires: list[Wire]) -> None:
     """Raise StoredInvalid for the first of these stored Jobs that does not validate: after
-    reading them failed, so that the pass sets that one aside rather than fail every time."""
+    reading them failed, so that the pass sets that one aside rather than fail every time.
+    Checked strictly: a value pydantic would convert (a time stored as a number) fails the
+    pass's reading all the same."""
     for w in wires:
-        stored.validated(job.Job, w)
+        stored.validated(job.Job, w, strict=True)
 
 
 def _request_or_invalid(w: Wire, world: World) -> placement.Request:
@@ -497,7 +499,7 @@ def _request_or_invalid(w: Wire, world: World) -> placement.Request:
     try:
         return request_of(w, world)
     except Exception:
-        stored.validated(job.Job, w)
+        stored.validated(job.Job, w, strict=True)
         raise
 
 

@@ -2,6 +2,7 @@
 it (`errors.StoredInvalid`), never pydantic's, so that a daemon can set that object aside and
 go on with the others, and the CLI can say it in one line."""
 
+import json
 from typing import Any, TypeVar
 
 import pydantic
@@ -11,8 +12,13 @@ from gctl.api import errors, meta
 T = TypeVar("T", bound=meta.Resource)
 
 
-def validated(cls: type[T], wire: dict[str, Any]) -> T:
+def validated(cls: type[T], wire: dict[str, Any], *, strict: bool = False) -> T:
+    """`strict`: checked as the JSON it is stored as, without pydantic's conversions (a time
+    stored as a number fails): for a reader of plain stored data that failed on it, to tell
+    a malformed row from its own bug (gctl writes none that fails)."""
     try:
+        if strict:
+            return cls.model_validate_json(json.dumps(wire, default=str), strict=True)
         return cls.model_validate(wire)
     except pydantic.ValidationError as exc:
         from gctl.api import manifest  # only on this path: YAML and the rest are not needed

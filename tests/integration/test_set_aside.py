@@ -114,6 +114,19 @@ def test_a_malformed_pending_job_fails_a_pass_once_and_is_then_left_out(
     assert _bound(database, "good") == ("n1", [0])
 
 
+def test_a_pending_job_that_validates_only_loosely_is_left_out_too(
+    database: db.Database,
+) -> None:
+    """A back-off end stored as a number passes pydantic's lenient check (it converts it) but
+    breaks the queue's reading: the pass checks it strictly, as the JSON it is stored as."""
+    _create(database, make_job("bad").build(), make_job("good").build(), nodes={"n1": 1})
+    corrupt(database, "Job", "bad", status={"phase": "Pending", "retryAfter": 5})
+    with pytest.raises(errors.StoredInvalid, match=r'job "bad" .*status\.retryAfter') as failed:
+        _pass(database, reading.SetAside())
+    _pass(database, reading.SetAside({failed.value.key: failed.value.resource_version}))
+    assert _bound(database, "good") == ("n1", [0])
+
+
 def test_a_node_that_does_not_validate_takes_no_jobs(database: db.Database) -> None:
     """And those that wait are told why (in a pool that does not bind ahead)."""
     _create(database, _no_binding_ahead(), make_job("one").build(), nodes={"n1": 1, "n2": 1})
