@@ -56,12 +56,12 @@ class SetAside:
     versions: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
     found: list[errors.StoredInvalid] = field(default_factory=list)
 
-    def holds(self, w: Wire, kind: str = job.Job.KIND) -> bool:
-        """Whether the stored object `w` is set aside in the version read."""
+    def holds(self, w: Wire) -> bool:
+        """Whether the stored Job `w` is set aside in the version read."""
         if not self.versions:
             return False
         metadata = w["metadata"]
-        named = (kind, metadata.get("namespace", ""), metadata["name"])
+        named = (job.Job.KIND, metadata.get("namespace", ""), metadata["name"])
         return self.versions.get(named) == str(metadata.get("resourceVersion", ""))
 
     def named(self, kind: str) -> dict[str, str]:

@@ -308,14 +308,14 @@ def _chain_row(name: str, phases: dict[tuple[str, str], str]) -> list[str]:
     return [name, cells.NONE, "NotFound (waits until it exists)"]
 
 
-def pool_usage(viewed: dict[str, Any], gpus: set[tuple[str, int]], width: int) -> list[str]:
+def pool_usage(viewed: dict[str, Any], width: int) -> list[str]:
     """What `describe gpupool` shows of a pool's use, counted as `get pools` counts it
     (`views.with_pool_views`): the GPUs its selector matches on known Nodes, Node by Node, and
     how many of them gctl's Jobs hold; its Jobs running, queued, held out of the queue and
     bound ahead to a busy GPU."""
     view = viewed[views.VIEW]
     by_node: dict[str, list[int]] = {}
-    for name, index in sorted(gpus):
+    for name, index in view.get("matched", []):  # none where the pool's GPUs cannot be read
         by_node.setdefault(name, []).append(index)
     where = ", ".join(f"{n} [{cells.index_ranges(i)}]" for n, i in by_node.items())
     rows = {
@@ -421,8 +421,7 @@ def _with_events(
 
 def _usage_by_pool(db_url: str | None, pools: list[views.Wire], width: int) -> dict[str, list[str]]:
     """Each pool's Usage section, by name, counted as `get pools` counts it."""
-    nodes = getting.list_kind(db_url, kinds.NODE, None, None).wires
     return {
-        p["metadata"]["name"]: pool_usage(p, views.pool_gpus(p, nodes), width)
+        p["metadata"]["name"]: pool_usage(p, width)
         for p in getting.with_views(db_url, kinds.GPUPOOL.kind, pools)
     }

@@ -316,12 +316,10 @@ def with_pool_views(
     viewed = []
     for p in pools:
         name = p["metadata"]["name"]
-        view: dict[str, int | str] = {
-            column: counts.get((name, column), 0) for column in _POOL_COLUMNS
-        }
+        view: dict[str, Any] = {column: counts.get((name, column), 0) for column in _POOL_COLUMNS}
         try:
             gpus = pool_gpus(p, nodes)
-            view |= {"gpus": len(gpus), "allocated": len(gpus & taken)}
+            view |= {"gpus": len(gpus), "allocated": len(gpus & taken), "matched": sorted(gpus)}
         except Exception:
             if not malformed(kinds.GPUPOOL.kind, p):
                 raise

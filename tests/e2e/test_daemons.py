@@ -152,12 +152,8 @@ print("the interpreter's exit", flush=True)
 """
 
 
-def test_a_part_still_busy_after_the_grace_is_left_and_the_process_exits(tmp_path: Path) -> None:
-    """The benchmark of 100,000 queued Jobs saw `gctl up` ignore SIGTERM for 10 s: its
-    controller was in a pass. The parts get STOP_GRACE_S together, not ten seconds each; one
-    still busy is left (its transaction rolls back, as at a crash) and the process exits."""
-    from gctl.cli import daemons
-
+def _stuck_daemons(tmp_path: Path) -> "subprocess.Popen[str]":
+    """`STUCK_DAEMONS` running, its signals handled."""
     process = subprocess.Popen(
         [sys.executable, "-c", STUCK_DAEMONS],
         stdout=subprocess.PIPE,
@@ -165,9 +161,19 @@ def test_a_part_still_busy_after_the_grace_is_left_and_the_process_exits(tmp_pat
         text=True,
         cwd=tmp_path,
     )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "running\n"
+    return process
+
+
+def test_a_part_still_busy_after_the_grace_is_left_and_the_process_exits(tmp_path: Path) -> None:
+    """The benchmark of 100,000 queued Jobs saw `gctl up` ignore SIGTERM for 10 s: its
+    controller was in a pass. The parts get STOP_GRACE_S together, not ten seconds each; one
+    still busy is left (its transaction rolls back, as at a crash) and the process exits."""
+    from gctl.cli import daemons
+
+    process = _stuck_daemons(tmp_path)
     try:
-        assert process.stdout is not None
-        assert process.stdout.readline() == "running\n"
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
@@ -189,16 +195,8 @@ def test_a_second_signal_leaves_at_once(tmp_path: Path) -> None:
     """Ctrl-C twice: the second does not wait out the grace for a busy part."""
     from gctl.cli import daemons
 
-    process = subprocess.Popen(
-        [sys.executable, "-c", STUCK_DAEMONS],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+    process = _stuck_daemons(tmp_path)
     try:
-        assert process.stdout is not None
-        assert process.stdout.readline() == "running\n"
         signalled = time.monotonic()
         process.send_signal(signal.SIGINT)
         time.sleep(0.5)
