@@ -272,10 +272,13 @@ def test_pool_views_count_allocations_and_queues() -> None:
         ("default", "retried"),
         ("default", "w"),
     ]
+    matched = {name: view.pop("matched") for name, view in viewed.items()}  # describe's
     assert viewed == {
         "a100": {"gpus": 4, "allocated": 2, "running": 1, "queued": 1, "held": 1, "ahead": 0},
         "default": {"gpus": 6, "allocated": 3, "running": 1, "queued": 3, "held": 2, "ahead": 1},
     }
+    assert {name: len(gpus) for name, gpus in matched.items()} == {"a100": 4, "default": 6}
+    assert matched["a100"] == sorted(matched["a100"])
 
 
 def test_implicit_default_pool_only_when_none_is_stored() -> None:
