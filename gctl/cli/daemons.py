@@ -171,12 +171,17 @@ SWITCH_INTERVAL_S = 0.0005
 STOP_GRACE_S = 5.0
 
 
-def _run(
-    runners: list[tuple[str, Callable[[threading.Event], None]]], *, jobs_outlive: bool = False
-) -> None:
-    """Run the parts in threads until a signal, or until one of them fails; then stop them
-    all. `jobs_outlive`: an agent is among them, whose jobs go on running without it."""
+Runners = list[tuple[str, Callable[[threading.Event], None]]]
+
+
+def _run(build: Callable[[], Runners], *, jobs_outlive: bool = False) -> None:
+    """Build the parts and run them in threads until a signal, or until one of them fails;
+    then stop them all. `jobs_outlive`: an agent is among them, whose jobs go on running
+    without it. The signals are handled from the start: one that comes while the parts are
+    built (opening the database, claiming the Node: seconds where the database is busy) stops
+    them as they start, and is said, rather than killing the process silently."""
     stop, received = _stop_on_signals()
+    runners = build()
     # A thread back from a database call waits for the GIL until the busy one yields it, up
     # to the switch interval (5 ms by default); every hand-off between the controller, the
     # agent and their feeds pays that several times. Yield sooner.
@@ -233,7 +238,7 @@ def up(
 ) -> None:
     _logging()
     _run(
-        [
+        lambda: [
             ("controller", _controller_runner(db_url, node_timeout, backoff)),
             ("agent", _agent_runner(db_url, options)),
             *(_sync_runner(db_url, sync_options, None) for sync_options in syncs),
@@ -250,7 +255,7 @@ def controller(
 ) -> None:
     _logging()
     _run(
-        [
+        lambda: [
             ("controller", _controller_runner(db_url, node_timeout, backoff)),
             *(_sync_runner(db_url, options, None) for options in syncs),
         ]
@@ -314,7 +319,7 @@ def sync(db_url: str | None, options: "syncer.Options", watch: bool) -> None:
     --watch, passes until Ctrl-C or SIGTERM (exit 0)."""
     if watch:
         _logging()
-        _run([_sync_runner(db_url, options, _print_report)])
+        _run(lambda: [_sync_runner(db_url, options, _print_report)])
         return
     from controller import sync as syncer
     from gctl.store import db
@@ -330,9 +335,9 @@ def sync(db_url: str | None, options: "syncer.Options", watch: bool) -> None:
 
 def agent(db_url: str | None, options: AgentOptions) -> None:
     _logging()
-    _run([("agent", _agent_runner(db_url, options))], jobs_outlive=True)
+    _run(lambda: [("agent", _agent_runner(db_url, options))], jobs_outlive=True)
 
 
 def virtual_agent(db_url: str | None, options: VirtualOptions) -> None:
     _logging()
-    _run([("agent", _virtual_runner(db_url, options))])
+    _run(lambda: [("agent", _virtual_runner(db_url, options))])

@@ -4,6 +4,7 @@ with real signals."""
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -64,6 +65,45 @@ def test_up_shuts_down_at_once_and_says_so_leaving_its_jobs_running(
             process.wait(10)
         if pid is not None:
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
+    """SIGTERM in the first second of `gctl up` (while it opened the database and claimed its
+    Node) killed it without a word. Here the claim waits on a write lock held by another
+    process: the signal comes meanwhile, and once the lock is released `gctl up` starts its
+    parts, stops them, says why and exits 0."""
+    database = tmp_path / "gctl.db"
+    env = {**os.environ, "GCTL_DB": str(database)}
+    subprocess.run([GCTL_BIN, "get", "nodes"], env=env, check=True, capture_output=True)
+    log = tmp_path / "up.log"
+    lock = sqlite3.connect(database, isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")  # the agent's claim of its Node waits for this
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                [GCTL_BIN, "up", "--fake-gpus", "1", "--node-name", "n1"],
+                stdout=out,
+                stderr=out,
+                env=env,
+                cwd=tmp_path,
+            )
+        try:
+            wait_for(lambda: "controller on" in log.read_text(), "the controller to be built")
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            assert process.poll() is None, log.read_text()  # not killed by it
+            lock.execute("ROLLBACK")
+            code = process.wait(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    finally:
+        lock.close()
+    said = log.read_text()
+    assert code == 0, said
+    assert "received SIGTERM: shutting down; running jobs keep running" in said
+    assert "Traceback" not in said
 
 
 def _agent(gctl: Gctl, state: Path, log: Path) -> "subprocess.Popen[bytes]":
@@ -147,7 +187,7 @@ def prompt(stop):  # started once SIGTERM and SIGINT are handled
     stop.wait()
 
 daemons._logging()
-daemons._run([("prompt", prompt), ("controller", stuck)])
+daemons._run(lambda: [("prompt", prompt), ("controller", stuck)])
 print("the interpreter's exit", flush=True)
 """
 
