@@ -29,6 +29,7 @@ FAKE_LABEL = "gctl/fake-gpus"
 # Exited attempts need nothing more; Lost ones may still run here and must be stopped.
 _SYNCED_PHASES = frozenset({"Pending", "Armed", "Starting", "Running", "Lost"})
 BEAT_RETRY_SECONDS = 1.0  # after a failed heartbeat (or the heartbeat period, if shorter)
+PASS_RETRY_SECONDS = 1.0  # after a pass that failed, or failed for some attempt
 
 
 def default_state_dir(node_name: str) -> Path:
@@ -70,6 +71,7 @@ class Agent:
         self.clock = clock
         self._failures = failures.FailureLog(log)
         self.wake = threading.Event()
+        self._retry = False  # the last pass failed for some attempt (`passes.Pass.retry`)
         # This node's cordoned or draining GPUs, read when a pass first wants to take an attempt
         # and kept while the feed shows no change to the Node (`_node_changes` counts them);
         # None for all of them, while the Node's spec does not validate.
@@ -161,7 +163,7 @@ class Agent:
             self._failures.failed(f"binding {invalid.key[2]}", invalid)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))
         bound_uids = {b.metadata.uid for b in bindings} | {i.uid for i in skipped}
-        started = passes.Pass(
+        the_pass = passes.Pass(
             self.db,
             self.name,
             self.runtime,
@@ -171,8 +173,11 @@ class Agent:
             wake=self.wake,
             closed_gpus=self._closed_gpus,
             wrote=self._note_written,
+            failed=self._failures.failed,
             unread=unread,
-        ).run()
+        )
+        started = the_pass.run()
+        self._retry = the_pass.retry
         self.runtime.settle()
         known = self.runtime.known()
         self._untidy.intersection_update(known)
@@ -242,9 +247,12 @@ class Agent:
                 retry = min(BEAT_RETRY_SECONDS, self.heartbeat_seconds)
                 next_beat = now + (self.heartbeat_seconds if beat else retry)
             if not synced:
-                stop.wait(1.0)  # try again shortly
+                stop.wait(PASS_RETRY_SECONDS)  # try again shortly
                 continue
-            self.wake.wait(max(0.0, next_beat - _monotonic()))
+            due = next_beat - _monotonic()
+            if self._retry:  # part of the pass failed: shortly, or on a write to look at
+                due = min(due, PASS_RETRY_SECONDS)
+            self.wake.wait(max(0.0, due))
         for thread in watchers:
             thread.join(timeout=5)
 

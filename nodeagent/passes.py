@@ -37,8 +37,11 @@ class Pass:
     """One pass over `bindings` (this node's, in the order they are synced), `run` once.
     `closed_gpus` says which of the node's GPUs take no new attempt (None: every one); `wrote`
     is told the revision of each write of the pass's reports; `wake` is set when the loop must
-    look again soon. `unread`: this node's attempts whose Binding does not validate, by uid,
-    with the GPUs their rows name (None where those cannot be read)."""
+    look again at once (someone wrote meanwhile); `failed` is told what failed (a Job that
+    does not validate, the database away) and `retry` set: the loop looks again shortly, not
+    at once, which would spin while the fault lasts. `unread`: this node's attempts whose
+    Binding does not validate, by uid, with the GPUs their rows name (None where those cannot
+    be read)."""
 
     def __init__(
         self,
@@ -52,6 +55,7 @@ class Pass:
         wake: threading.Event,
         closed_gpus: Callable[[], set[int] | None],
         wrote: Callable[[int], None],
+        failed: Callable[[str, BaseException], None],
         unread: dict[str, frozenset[int] | None] | None = None,
     ) -> None:
         self.db = database
@@ -62,6 +66,8 @@ class Pass:
         self.wake = wake
         self._closed_gpus = closed_gpus
         self._wrote = wrote
+        self._failed = failed
+        self.retry = False  # something failed: the loop runs the next pass shortly
         self._bindings = bindings
         self._unread = unread or {}
         self._reports: list[binding.Binding] = []  # statuses the pass will write
@@ -70,8 +76,9 @@ class Pass:
         self._arming: dict[str, runtime.Launch] = {}  # launches of those it arms, by uid
         self._started = 0  # attempts the pass started
         self._seen: dict[str, runtime.State] = {}  # attempts' states as the pass found them
-        # The Jobs of the attempts the pass may start, read together when first needed
-        self._owners: dict[tuple[str, str], job.Job | None] | None = None
+        # The Jobs of the attempts the pass may start, read together when first needed; one
+        # that does not validate, as the error it raised
+        self._owners: dict[tuple[str, str], job.Job | errors.StoredInvalid | None] | None = None
 
     def run(self) -> int:
         """Move every attempt one step and write the reports; returns how many attempts the
@@ -90,9 +97,8 @@ class Pass:
                     self._sync_armed(bound)
                 else:
                     self._sync_one(bound)
-            except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
-                log.warning("%s: %s", bound.name, exc)
-                self.wake.set()
+            except errors.GctlError as exc:  # its Job does not validate, database away
+                self._retry_soon(f"attempt {bound.name}", exc)
         arming, self._arming = self._arming, {}
         taken = self._flush_reports()
         for bound in taken:
@@ -103,8 +109,7 @@ class Pass:
                 else:
                     self._start(bound)
             except errors.GctlError as exc:
-                log.warning("%s: %s", bound.name, exc)
-                self.wake.set()
+                self._retry_soon(f"attempt {bound.name}", exc)
         if taken:
             self._flush_reports()
         return self._started
@@ -285,28 +290,52 @@ class Pass:
 
     def _owner(self, bound: binding.Binding) -> job.Job | None:
         """The Job an attempt of this pass runs, None if it was deleted (or replaced by one of
-        the same name). The Jobs of every attempt not yet started are read together, once a
-        pass, when the first of them is needed."""
+        the same name); errors.StoredInvalid if it does not validate (the attempt waits, and
+        the others are read all the same). The Jobs of every attempt not yet started are read
+        together, once a pass, when the first of them is needed."""
         key = (bound.namespace, bound.spec.job_name)
         if self._owners is None:
             wanted: dict[str, list[str]] = {}
             for b in self._bindings:
                 if b.status.phase in ("Pending", "Starting"):
                     wanted.setdefault(b.namespace, []).append(b.spec.job_name)
-            self._owners = {(ns, name): None for ns, names in wanted.items() for name in names}
-            with self.db.read() as session:
-                reader = store.Store(session)
-                for namespace, names in wanted.items():
-                    for found in reader.find_many(job.Job, namespace, names):
-                        self._owners[(found.namespace, found.name)] = found
+            self._owners = self._read_owners(wanted)
         if key in self._owners:
             owner = self._owners[key]
         else:  # not one this pass read
             with self.db.read() as session:
                 owner = store.Store(session).find(job.Job, bound.spec.job_name, bound.namespace)
+        if isinstance(owner, errors.StoredInvalid):
+            raise owner
         if owner is None or owner.metadata.uid != bound.spec.job_uid:
             return None
         return owner
+
+    def _read_owners(
+        self, wanted: dict[str, list[str]]
+    ) -> dict[tuple[str, str], job.Job | errors.StoredInvalid | None]:
+        """The Jobs named, by namespace: each found, None where there is none, or the error of
+        one that does not validate (its namespace's Jobs are then read one by one)."""
+        owners: dict[tuple[str, str], job.Job | errors.StoredInvalid | None] = {
+            (namespace, name): None for namespace, names in wanted.items() for name in names
+        }
+        with self.db.read() as session:
+            reader = store.Store(session)
+            for namespace, names in wanted.items():
+                try:
+                    found = reader.find_many(job.Job, namespace, names)
+                except errors.StoredInvalid:
+                    found = []
+                    for name in names:
+                        try:
+                            one = reader.find(job.Job, name, namespace)
+                        except errors.StoredInvalid as exc:
+                            owners[(namespace, name)] = exc
+                            continue
+                        found.extend([one] if one is not None else [])
+                for one in found:
+                    owners[(one.namespace, one.name)] = one
+        return owners
 
     def _start(self, bound: binding.Binding) -> None:
         owner = self._owner(bound)
@@ -405,11 +434,14 @@ class Pass:
         except (errors.Conflict, errors.NotFound):
             self.wake.set()  # someone wrote one meanwhile (the scheduler moved it): look again
             return []
-        except errors.GctlError as exc:  # deleted meanwhile, database away: next pass
-            log.warning("reporting %d attempt(s): %s", len(reports), exc)
-            self.wake.set()
+        except errors.GctlError as exc:  # database away: a pass shortly
+            self._retry_soon(f"reporting {len(reports)} attempt(s)", exc)
             return []
         return taken
+
+    def _retry_soon(self, what: str, exc: errors.GctlError) -> None:
+        self._failed(what, exc)
+        self.retry = True
 
 
 def span(gpus: set[int]) -> str:

@@ -213,6 +213,19 @@ def test_a_node_whose_spec_does_not_validate_takes_no_new_attempt(
     assert _phase_here(n1, x2) == "running"
 
 
+def _run_loop(node_agent: agent.Agent, seconds: float) -> None:
+    """The agent's loop, in a thread, for `seconds`."""
+    stop = threading.Event()
+    loop = threading.Thread(target=node_agent.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        time.sleep(seconds)
+    finally:
+        stop.set()
+        node_agent.wake.set()
+        loop.join(timeout=WAIT)
+
+
 def test_a_failed_heartbeat_is_retried_shortly_not_at_once(
     database: db.Database, n1: agent.Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -227,13 +240,31 @@ def test_a_failed_heartbeat_is_retried_shortly_not_at_once(
             raise errors.Unavailable("the database is away")
 
     monkeypatch.setattr(n1, "heartbeat", failing)
-    stop = threading.Event()
-    loop = threading.Thread(target=n1.run, args=(stop,), daemon=True)
-    loop.start()
-    try:
-        time.sleep(2.5)
-    finally:
-        stop.set()
-        n1.wake.set()
-        loop.join(timeout=WAIT)
+    _run_loop(n1, 2.5)
     assert 2 <= len(tries) <= 4, f"{len(tries)} heartbeats in 2.5 s"
+
+
+def test_a_job_that_no_longer_validates_neither_spins_the_loop_nor_holds_back_the_others(
+    database: db.Database, n1: agent.Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both attempts wait to start; y's Job as stored does not validate. Reading the Jobs of
+    a pass failed for both: the error was told as x's, and y's attempt was recorded as ended
+    because "the Job was deleted". A pass that failed for an attempt asked for the next at
+    once, which spun while the fault lasted. Now x starts, y waits, Pending (its agent cannot
+    build its command), and the pass runs again only shortly after."""
+    n1.heartbeat_seconds = 5.0  # passes come from the feed, the retry, or this
+    x, y = _bind(database, "x", 0), _bind(database, "y", 1)
+    corrupt(database, "Job", "y", spec={"command": 5})
+    passes = []
+    sync = n1.sync
+
+    def counted() -> None:
+        passes.append(time.monotonic())
+        sync()
+
+    monkeypatch.setattr(n1, "sync", counted)
+    _run_loop(n1, 2.5)
+    assert _phase_here(n1, x) == "running"
+    assert _phase_here(n1, y) == "absent"
+    assert stored(database, binding.Binding, "y-1").status.phase == "Pending"
+    assert len(passes) <= 8, f"{len(passes)} agent passes in 2.5 s"
