@@ -51,6 +51,7 @@ class Capacity:
             for gpu in sorted(world.gpus, key=lambda g: (g.node, g.index))
         ]
         self.free: Counter[str] = Counter(s.gpu.node for s in self.slots)  # GPUs without jobs
+        self.idle = len(self.slots)  # of all nodes
         self.node_jobs: Counter[str] = Counter()
         self.partial: dict[tuple[str, int], snapshot.Slot] = {}  # shared GPUs with room left
         self.stopping: set[snapshot.Allocation] = set()
@@ -92,6 +93,7 @@ class Capacity:
         self.indexes.touch(slot.gpu.node)
         if slot.jobs == 0:
             self.free[slot.gpu.node] -= 1
+            self.idle -= 1
             slot.free_at = self.now
         slot.share += share
         slot.jobs += 1
@@ -105,6 +107,12 @@ class Capacity:
             self.partial.pop(key, None)
         self.version += 1
         self.blocking += 1
+
+    def full(self) -> bool:
+        """Whether no GPU has room left for any request: each has a job, and none is shared
+        with room left (a cordoned or unready GPU without jobs counts as room: this errs
+        towards deciding more)."""
+        return self.idle == 0 and not self.partial
 
     def _shape(self, request: snapshot.Request, pool: snapshot.Pool) -> tuple[object, ...]:
         return (

@@ -72,19 +72,55 @@ def plan(
     requests: Iterable[Request],
     now: datetime,
     max_placements: int | None = None,
+    starts_only: bool = False,
 ) -> Plan:
-    """Decide every request, in queue order; stop after `max_placements` placements."""
+    """Decide every request, in queue order; stop after `max_placements` placements, and, with
+    `starts_only`, once a Job starts and no later request could start now (`_Rest`)."""
     ordered = queue_order(requests)
     planner = _Planner(snapshot, now, [r.queued for r in ordered if r.queued is not None])
+    rest = _Rest(ordered) if starts_only else None
     decisions: list[Decision] = []
     placed = 0
-    for request in ordered:
+    starting = False
+    for i, request in enumerate(ordered):
         if max_placements is not None and placed >= max_placements:
             return Plan(decisions, complete=False)
+        if starting and rest and planner.full() and rest.none_may_start(i, planner.priorities):
+            return Plan(decisions, undecided=len(ordered) - i)
         decision = planner.decide(request)
         placed += changes(decision)
+        starting = starting or _starts(decision)
         decisions.append(decision)
     return Plan(decisions)
+
+
+def _starts(decision: Decision) -> bool:
+    return decision.placement is not None and not decision.placement.after
+
+
+class _Rest:
+    """What the requests from each place in the queue on could do, for `plan(starts_only=)`.
+    A pass that starts a Job writes only the Bindings of the Jobs that start (and
+    preemptions): binding ahead and telling the waiting Jobs why they wait are left to the
+    next pass (`writing._starting`). So once no GPU has room left, it need not decide the rest
+    of a long queue only to drop the outcome, unless one of them could still start (it needs
+    no GPU) or preempt (its priority is above an attempt's). Slurm's main scheduler, too,
+    looks no further than the head of its queue (`default_queue_depth`)."""
+
+    def __init__(self, ordered: list[Request]) -> None:
+        # From each index on: the highest priority, and whether a request needs no GPU.
+        self.top: list[int] = [0] * len(ordered)
+        self.cpu_only: list[bool] = [False] * len(ordered)
+        top, cpu_only = -(2**63), False
+        for i in range(len(ordered) - 1, -1, -1):
+            top = max(top, ordered[i].priority)
+            cpu_only = cpu_only or ordered[i].gpus == 0
+            self.top[i], self.cpu_only[i] = top, cpu_only
+
+    def none_may_start(self, i: int, priorities: list[int]) -> bool:
+        """Whether no request from index `i` on can start now or preempt, where no GPU has
+        room (`priorities`: of the attempts on the GPUs, ascending)."""
+        return not self.cpu_only[i] and (not priorities or self.top[i] <= priorities[0])
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:

@@ -147,6 +147,7 @@ class _Planned:
     world: reading.World | None
     complete: bool = True
     on_metrics: bool = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
+    undecided: int = 0  # requests the plan left to the next pass (placement.Plan)
 
 
 def _plan(reader: store.Store, now: datetime, limits: Limits, aside: reading.SetAside) -> _Planned:
@@ -174,11 +175,15 @@ def _plan(reader: store.Store, now: datetime, limits: Limits, aside: reading.Set
     for request, w in reading.queued_requests(world, aside):
         by_key[reading.key(w)] = w
         requests.append(request)
-    result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
+    result = placement.plan(
+        world.snapshot, requests, now, max_placements=limits.binds, starts_only=True
+    )
     foreign = any(g.foreign_memory for g in world.snapshot.gpus)
     pools = world.snapshot.pools
     on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
-    return _Planned(held, result.decisions, by_key, world, result.complete, on_metrics)
+    return _Planned(
+        held, result.decisions, by_key, world, result.complete, on_metrics, result.undecided
+    )
 
 
 def _write(
@@ -187,9 +192,17 @@ def _write(
     # The time limit counts from the first write.
     budget = writing.Budget.of(limits.writes, limits.seconds, limits.clock)
     if planned.world is not None:
-        writing.apply(writer, planned.decisions, planned.by_key, planned.world, now, budget=budget)
+        writing.apply(
+            writer,
+            planned.decisions,
+            planned.by_key,
+            planned.world,
+            now,
+            budget=budget,
+            undecided=planned.undecided,
+        )
     telling.forget_queue(writer, planned.held, budget.take)
-    if planned.complete and budget.follow_up:
+    if planned.complete and (budget.follow_up or planned.undecided):
         return now + FOLLOW_UP
     if not planned.complete or budget.short:
         return now

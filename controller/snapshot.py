@@ -144,6 +144,9 @@ class Snapshot:
 class Plan:
     decisions: list[Decision]  # in queue order
     complete: bool = True  # False: max_placements was reached and later requests wait a pass
+    # Requests left undecided by a pass that starts Jobs and has no room left for the rest
+    # (placement.plan's `starts_only`): the next pass decides them.
+    undecided: int = 0
 
 
 def age_key(request: Request) -> tuple[int, float, datetime, str, str]:

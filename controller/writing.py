@@ -69,9 +69,11 @@ def apply(
     now: datetime,
     *,
     budget: Budget,
+    undecided: int = 0,
 ) -> None:
     """Jobs bound ahead that move or wait again give up their places first; then binds,
-    preemptions, and what waiting Jobs are told, in queue order."""
+    preemptions, and what waiting Jobs are told, in queue order. `undecided`: requests the
+    plan left for the next pass, after these decisions."""
     pools = world.snapshot.pools
     held = _held_back(decisions, world)
     changed = [d for d in decisions if placement.changes(d)]
@@ -110,7 +112,7 @@ def apply(
         return
     if not _preempt(writer, [d for d in decisions if d.victims], by_key, world, budget):
         return
-    if starting and _more_to_write(decisions, by_key, now):
+    if starting and (undecided or _more_to_write(decisions, by_key, now)):
         budget.short = budget.follow_up = True
         return
     # One statement for all that waiting Jobs are told, at the end of the block: the time

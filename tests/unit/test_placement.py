@@ -148,3 +148,61 @@ def test_run_times_past_the_last_datetime_do_not_stop_a_pass(backfill: bool) -> 
     result = placement.plan(world, queue, T0)
     ahead = [d.placement is not None and bool(d.placement.after) for d in result.decisions]
     assert ahead == [True, False, False]  # a: next on the GPU; b and c wait
+
+
+# -- a pass that starts Jobs decides no further than what could start (`starts_only`) --------
+
+
+def _busy(node: str, index: int) -> Allocation:
+    return Allocation("default", f"on-{index}", f"on-{index}-1", node, (index,), uid=f"u{index}")
+
+
+def _one_free(*attempts: Allocation) -> Snapshot:
+    """Node a with 4 GPUs, the first free, the others busy with `attempts`."""
+    return Snapshot([Node("a")], cluster(("a", 4, "A100", 80)).gpus, {}, list(attempts))
+
+
+def test_a_starting_pass_leaves_the_rest_of_the_queue_once_no_gpu_has_room() -> None:
+    """Binding ahead and telling the waiting Jobs are the next pass's anyway (writing)."""
+    queue = [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(50)]
+    shot = _one_free(_busy("a", 1), _busy("a", 2), _busy("a", 3))
+    full = placement.plan(shot, queue, T0)
+    cut = placement.plan(shot, queue, T0, starts_only=True)
+    assert where(cut) == {"j0": ("a", (0,))}
+    assert (len(cut.decisions), cut.undecided, cut.complete) == (1, 49, True)
+    assert cut.decisions == full.decisions[:1]
+    assert (len(full.decisions), full.undecided) == (50, 0)
+
+
+def test_a_starting_pass_goes_on_to_a_later_job_that_needs_no_gpu() -> None:
+    queue = [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(5)]
+    queue.append(req("cpu", 0, created=T0 + timedelta(seconds=99)))
+    shot = _one_free(_busy("a", 1), _busy("a", 2), _busy("a", 3))
+    cut = placement.plan(shot, queue, T0, starts_only=True)
+    assert cut.undecided == 0
+    assert cut.decisions == placement.plan(shot, queue, T0).decisions
+    assert cut.decisions[-1].placement is not None  # it starts now
+
+
+def test_a_starting_pass_goes_on_while_a_later_job_could_preempt() -> None:
+    """`first` takes the free GPU; `second`, as urgent, may still preempt an attempt of lower
+    priority; the Jobs of the attempts' own priority after them cannot, and are left."""
+    queue = [
+        req("first", 1, priority=5, created=T0),
+        req("second", 1, priority=5, created=T0 + timedelta(seconds=1)),
+    ]
+    queue += [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(5)]
+    shot = _one_free(_busy("a", 1), _busy("a", 2), _busy("a", 3))
+    cut = placement.plan(shot, queue, T0, starts_only=True)
+    assert cut.decisions == placement.plan(shot, queue, T0).decisions[:2]
+    assert where(cut) == {"first": ("a", (0,))}
+    assert cut.decisions[1].victims  # second preempts
+    assert cut.undecided == 5
+
+
+def test_a_pass_that_starts_nothing_decides_every_request() -> None:
+    """No GPU free: nothing starts, so the pass binds ahead and tells every Job why it waits."""
+    queue = [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(5)]
+    shot = _one_free(_busy("a", 0), _busy("a", 1), _busy("a", 2), _busy("a", 3))
+    cut = placement.plan(shot, queue, T0, starts_only=True)
+    assert (len(cut.decisions), cut.undecided) == (5, 0)
