@@ -107,11 +107,12 @@ class LogServer:
         self.wake.set()
 
     def _wake_on_requests(self, stop: threading.Event) -> None:
+        said = failures.FailureLog(log)  # this thread's own
         while not stop.is_set():
             try:
                 waker = logstreams.waker(self.db, stop, logstreams.for_node(self.node))
             except errors.GctlError as exc:  # the database is away: the loop retries too
-                log.warning("log requests: %s", exc)
+                said.failed("log requests", exc)  # once a minute, while the database is away
                 stop.wait(2.0)
                 continue
             try:
@@ -119,7 +120,7 @@ class LogServer:
                     if waker.wait(feed.RESYNC_SECONDS):
                         self.wake.set()
             except Exception as exc:
-                log.warning("log requests: waiting failed (%s); again", exc)
+                said.failed("log requests", exc)
                 self.wake.set()
                 stop.wait(2.0)
             finally:

@@ -42,17 +42,44 @@ class _PostgresWaker:
         channel: str = revisions.NOTIFY_CHANNEL,
         payloads: frozenset[str] | None = None,
     ) -> None:
-        import psycopg
         from psycopg import sql
         from sqlalchemy import make_url
 
         url = make_url(database.url).set(drivername="postgresql")
+        self._url = database.url
+        self._conninfo = url.render_as_string(hide_password=False)
+        self._listen_sql = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
         self._stop = stop
         self._payloads = payloads
-        self._conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
-        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        self._conn = self._listen()
+
+    def _listen(self) -> Any:
+        """A connection of its own that LISTENs; errors.Unavailable if there is none."""
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+            conn.execute(self._listen_sql)
+        except psycopg.Error as exc:
+            raise unavailable(self._url, exc) from None
+        return conn
 
     def wait(self, timeout: float) -> bool:
+        """Whether a wanted notification came within `timeout`. A connection that dropped (the
+        server restarted, its backend was ended) is made again at once, and the wait returns
+        True: what was sent meanwhile is lost to LISTEN, so the caller must read again. Where
+        no new one can be made, errors.Unavailable."""
+        import psycopg
+
+        try:
+            return self._wait(timeout)
+        except psycopg.Error:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = self._listen()
+            return True
+
+    def _wait(self, timeout: float) -> bool:
         stop_fd = notify.stop_fd(self._stop)
         if stop_fd is not None:  # a stop that select sees: no need to look at it in steps
             return self._poll(stop_fd, timeout)
@@ -92,6 +119,12 @@ class _PostgresWaker:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def unavailable(url: str, exc: BaseException) -> errors.Unavailable:
+    """A driver's error as the project's, on one line (psycopg's messages run to three)."""
+    lines = str(exc).strip().splitlines()
+    return errors.Unavailable(f"database {db.display_url(url)}: {lines[0] if lines else exc}")
 
 
 def waker(database: db.Database, stop: threading.Event | None = None) -> Waker:
@@ -177,7 +210,7 @@ class _ChangeReader:
     def __init__(self, database: db.Database) -> None:
         self._url = database.url
         self._sqlite = database.sqlite_path is not None
-        with db.translate_errors(database.url):
+        try:
             if database.sqlite_path is not None:
                 import sqlite3
 
@@ -194,6 +227,8 @@ class _ChangeReader:
                 conninfo = locations.libpq_url(database.url) or database.url
                 self._conn = psycopg.connect(conninfo, autocommit=True)
                 self._mark = "%s"
+        except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
+            raise unavailable(database.url, exc) from None
 
     def read(
         self, revision: int, kinds: list[str] | None, after_id: int | None
@@ -221,7 +256,7 @@ class _ChangeReader:
                 if self._sqlite:
                     self._conn.execute("COMMIT")
         except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
-            raise errors.Unavailable(f"database {db.display_url(self._url)}: {exc}") from None
+            raise unavailable(self._url, exc) from None
         return head, [
             revisions.Change(
                 int(r[0]),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+import sqlalchemy
 
 from gctl.api import errors
 from gctl.store import db, logstreams, notify
@@ -192,3 +193,46 @@ def test_an_agent_sleeping_on_its_stop_wakes_only_for_its_own_node(
         assert waker.wait(5.0)
     finally:
         waker.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_waker_whose_connection_drops_listens_anew_and_wakes(database: db.Database) -> None:
+    """QA: the database's backends were ended (as a server restart ends them); a waker's next
+    wait raised psycopg's own error, which killed the agent's thread that listens for log
+    requests (`gctl logs --from-node` then failed until the agent was restarted) and printed
+    a traceback from `gctl logs -f --from-node`. Now the wait listens anew and wakes its
+    caller, which reads again: what was sent meanwhile LISTEN cannot give back."""
+    stop = notify.Stop()
+    waker = logstreams.waker(database, stop, logstreams.for_node("n1"))
+    try:
+        with database.engine.begin() as connection:
+            ended = connection.execute(
+                sqlalchemy.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).all()
+        assert ended, "no backend to end"
+        assert waker.wait(5.0)  # woken: the caller reads again
+        assert not waker.wait(0.5)  # and then sleeps as before
+        with logstreams.writing(database) as session:
+            logstreams.open_request(
+                session,
+                node="n1",
+                binding_uid="b-1",
+                path="/nowhere/attempt-1.log",
+                follow=False,
+                lease_seconds=10.0,
+                now=T0,
+            )
+        assert waker.wait(5.0)  # listening anew: it hears the next request
+    finally:
+        waker.close()
+
+
+def test_a_waker_for_a_database_that_cannot_be_reached_says_so_in_one_line() -> None:
+    database = db.Database("postgresql+psycopg://nobody@127.0.0.1:1/gctl")  # nothing listens
+    with pytest.raises(errors.Unavailable) as raised:
+        logstreams.waker(database, None, logstreams.for_node("n1"))
+    assert str(raised.value).startswith("database ")
+    assert "\n" not in str(raised.value)
