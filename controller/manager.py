@@ -308,8 +308,18 @@ class Controller:
             result = step()
         except Exception as exc:
             self._failures.failed("/".join(p for p in key if p), exc)
+            if isinstance(exc, errors.Unavailable):
+                self._database_away()
             return None
         return True if result is None else result
+
+    def _database_away(self) -> None:
+        """This controller lost the database: while it could not read, no agent could write
+        its heartbeat either. Each node gets a full timeout again from when this controller
+        next reads it, as after a restart (`nodes`): a database restart is not every node
+        failing (QA: a 50 s outage had every node's attempts declared lost and Jobs that had
+        succeeded meanwhile run again)."""
+        self._seen.clear()
 
     def _wait(self, stop: threading.Event, *, block: bool = True) -> set[Key]:
         """What changed, or is due: waits for something unless `block` is false."""
@@ -328,6 +338,7 @@ class Controller:
                 for item in batches:
                     if item is None:  # the follower reconnected: changes may have been missed
                         dirty.add(RESYNC)
+                        self._database_away()
                     else:
                         keys = self._guarded(functools.partial(self._keys_of, item), RESYNC)
                         # None: working out the keys failed; an empty set: nothing to do.
@@ -343,6 +354,7 @@ class Controller:
 
     def _follow(self, since: int, stop: threading.Event) -> None:
         """Feed changes to the loop; on a lost connection, reconnect and ask for a resync."""
+        said = failures.FailureLog(log)  # this thread's own
         delay = 0.5
         while not stop.is_set():
             try:
@@ -352,7 +364,7 @@ class Controller:
                         since = batch[-1].revision
                         delay = 0.5
             except Exception as exc:  # the database went away: keep trying, then resync
-                log.warning("change feed interrupted (%s); reconnecting in %.1fs", exc, delay)
+                said.failed("change feed", exc)  # once a minute, while the database is away
                 stop.wait(delay)
                 delay = min(delay * 2, 10.0)
                 self._changes.put(None)

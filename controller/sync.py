@@ -295,6 +295,7 @@ class Syncer:
                 wakeups.put("files")
 
     def _watch_feed(self, since: int, wakeups: "queue.Queue[str]", stop: threading.Event) -> None:
+        said = failures.FailureLog(log)  # this thread's own
         while not stop.is_set():
             try:
                 with feed.Watch(self.db, since=since, kinds=kinds.APPLIABLE, stop=stop) as changes:
@@ -303,7 +304,7 @@ class Syncer:
                         if self.drifted(batch):
                             wakeups.put("drift")
             except Exception as exc:  # the database went away: reconnect, then look again
-                log.warning("change feed interrupted (%s); reconnecting", exc)
+                said.failed("change feed", exc)  # once a minute, while the database is away
                 stop.wait(1.0)
                 wakeups.put("resync")
 

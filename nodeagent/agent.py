@@ -291,6 +291,7 @@ class Agent:
             self.wake.set()
 
     def _watch_feed(self, since: int, stop: threading.Event) -> None:
+        said = failures.FailureLog(log)  # this thread's own
         while not stop.is_set():
             try:
                 with feed.Watch(
@@ -312,7 +313,7 @@ class Agent:
                         ):
                             self.wake.set()
             except Exception as exc:  # a level-based pass catches up on whatever was missed
-                log.warning("change feed interrupted (%s); reconnecting", exc)
+                said.failed("change feed", exc)  # once a minute, while the database is away
                 self.wake.set()
                 stop.wait(2.0)
 

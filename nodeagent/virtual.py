@@ -472,6 +472,7 @@ class VirtualAgent:
             self.wake.set()
 
     def _watch(self, since: int, stop: threading.Event) -> None:
+        said = failures.FailureLog(log)  # this thread's own
         while not stop.is_set():
             try:
                 with feed.Watch(
@@ -491,7 +492,7 @@ class VirtualAgent:
                         if keys:
                             self._mark_dirty(keys)
             except Exception as exc:  # a full pass catches up on whatever was missed
-                log.warning("change feed interrupted (%s); reconnecting", exc)
+                said.failed("change feed", exc)  # once a minute, while the database is away
                 self.resync()
                 stop.wait(2.0)
 

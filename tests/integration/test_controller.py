@@ -1,9 +1,12 @@
 """The controller's reconcilers against a real database, one step at a time, with a fixed clock:
 no processes, so every case is exact."""
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import sqlalchemy
 
 from controller import jobs, manager, nodes, scheduling
 from gctl.api import binding, job, node
@@ -380,3 +383,55 @@ def test_an_attempt_lost_with_its_node_says_why_and_not_where_it_runs_next(
         "AttemptLost",
         "attempt 1 was lost with node n1: no heartbeat for 41s; retrying",
     )
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_node_gets_a_full_timeout_again_after_the_controller_lost_the_database(
+    database: db.Database,
+) -> None:
+    """QA: PostgreSQL restarted for 50 s; no agent could heartbeat meanwhile, and the
+    controller, back, found every node silent for longer than the timeout: their attempts were
+    declared lost and Jobs that had succeeded meanwhile ran again. A lost database connection
+    is not every node failing: as after a restart, each node gets a full timeout from when
+    the controller reads it again."""
+    now = [T0]
+    controller = manager.Controller(
+        database, node_timeout=timedelta(seconds=40), clock=lambda: now[0]
+    )
+    with database.write() as session:
+        _node(store.Store(session), "n1", 1, heartbeat=T0)
+    key = ("Node", "", "n1")
+    controller.reconcile(key)  # seen at T0
+    with database.read() as session:
+        since = store.Store(session).current_revision()
+    stop = threading.Event()
+    follower = threading.Thread(target=controller._follow, args=(since, stop), daemon=True)
+    follower.start()
+    try:
+        time.sleep(0.5)  # it follows the feed
+        with database.engine.begin() as connection:  # as a server restart ends them
+            connection.execute(
+                sqlalchemy.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+        now[0] = T0 + timedelta(seconds=60)  # the outage, as the controller's clock saw it
+        deadline = time.monotonic() + 15
+        while manager.RESYNC not in controller._wait(stop, block=False):
+            assert time.monotonic() < deadline, "the follower never said it reconnected"
+            time.sleep(0.1)
+        controller.reconcile(key)
+        assert _ready(database) == "True"  # a full timeout from now
+        now[0] = T0 + timedelta(seconds=101)
+        controller.reconcile(key)
+        assert _ready(database) == "Unknown"  # still silent: a node failure after all
+    finally:
+        stop.set()
+        follower.join(timeout=10)
+
+
+def _ready(database: db.Database) -> str:
+    found = _get(database, node.Node, "n1")
+    assert isinstance(found, node.Node)
+    return next(c.status for c in found.status.conditions if c.type == "Ready")
