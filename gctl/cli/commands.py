@@ -146,7 +146,8 @@ def delete(
     done, missing = store.transact(database, work)
     for obj, _ in done:
         print(f'{obj.KIND.lower()}.gctl "{obj.name}" deleted')
-    pending = {obj.metadata.uid for obj, gone in done if not gone}
+    pending = {obj.metadata.uid: obj for obj, gone in done if not gone}
+    sys.stdout.flush()  # what is deleted, before a wait: through a pipe too
     if wait and pending:
         _wait_gone(database, revision, pending)
     if missing and not ignore_not_found:
@@ -212,14 +213,45 @@ def _expand(
     return expanded
 
 
-def _wait_gone(database: db.Database, revision: int, uids: set[str | None]) -> None:
+def _wait_gone(database: db.Database, revision: int, left: dict[str | None, Any]) -> None:
+    """Until the objects are gone (their finalizers done: a Job's attempts stopped), saying on
+    stderr after a moment, then every so often, what it waits for."""
+    import threading
+    import time
+
+    from gctl.cli.apply import PROGRESS_AFTER_S, PROGRESS_EVERY_S
     from gctl.store import feed
 
-    with feed.Watch(database, since=revision) as changes:
-        for batch in changes:
-            uids -= {c.uid for c in batch if c.type == "DELETED"}
-            if not uids:
-                return
+    started, notes = time.monotonic(), 0
+    stop = threading.Event()
+    with feed.Watch(database, since=revision, stop=stop) as changes:
+        while True:
+            due = started + (PROGRESS_EVERY_S * notes if notes else PROGRESS_AFTER_S)
+            timer = threading.Timer(max(due - time.monotonic(), 0.0), stop.set)
+            timer.daemon = True
+            timer.start()
+            try:  # until the note is due
+                for batch in changes:
+                    for change in batch:
+                        if change.type == "DELETED":
+                            left.pop(change.uid, None)
+                    if not left:
+                        return
+            finally:
+                timer.cancel()
+            stop.clear()
+            why = (
+                f"{time.monotonic() - started:.0f}s so far"
+                if notes
+                else "the controller stops their attempts first (is the controller running?)"
+            )
+            notes += 1
+            print(f"waiting for {_named(left)} to be deleted: {why}", file=sys.stderr, flush=True)
+
+
+def _named(objs: dict[str | None, Any], most: int = 3) -> str:
+    refs = [f'{obj.KIND.lower()}.gctl "{obj.name}"' for obj in objs.values()]
+    return ", ".join(refs) if len(refs) <= most else f"{len(refs)} objects"
 
 
 def db_upgrade(db_url: str | None) -> None:

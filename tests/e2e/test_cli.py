@@ -1413,3 +1413,37 @@ def test_get_pools_and_describe_count_jobs_stored_in_a_form_gctl_refuses(
         " GPUs): written by an older gctl or edited by hand; fix or delete its row in the"
         " database",
     ]
+
+
+def test_delete_that_waits_for_the_controller_says_so(gctl: Gctl, database: db.Database) -> None:
+    """QA: with the controller stopped, `gctl delete job` of a bound Job waited in silence for
+    ever. It waits as before (the controller stops the attempts first), saying so."""
+    from controller import scheduling
+    from gctl.api import meta
+    from tests.builders import put_ready_node
+
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 1, meta.utcnow())
+        writer.create(make_job("busy").build())
+    store.transact(database, lambda w: scheduling.schedule(w, meta.utcnow()))
+    process = subprocess.Popen(
+        [GCTL_BIN, "delete", "job", "busy"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=gctl.env(),
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        assert process.stdout.readline() == 'job.gctl "busy" deleted\n'
+        said = process.stderr.readline()  # after a second
+        assert said == (
+            'waiting for job.gctl "busy" to be deleted: the controller stops their attempts '
+            "first (is the controller running?)\n"
+        )
+        assert process.poll() is None  # still waiting
+    finally:
+        process.kill()
+        process.communicate(timeout=10)
