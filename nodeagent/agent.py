@@ -29,6 +29,7 @@ FAKE_LABEL = "gctl/fake-gpus"
 # Exited attempts need nothing more; Lost ones may still run here and must be stopped.
 _SYNCED_PHASES = frozenset({"Pending", "Armed", "Starting", "Running", "Lost"})
 BEAT_RETRY_SECONDS = 1.0  # after a failed heartbeat (or the heartbeat period, if shorter)
+_ALIVE = ("running", "armed")  # an attempt's phases on the host that a new agent adopts
 PASS_RETRY_SECONDS = 1.0  # after a pass that failed, or failed for some attempt
 
 
@@ -271,6 +272,9 @@ class Agent:
     def _settle_lost(self) -> None:
         """Before offering its GPUs again, stop what still runs of attempts declared lost while
         this agent was away, and wait for them to end, so no GPU is used twice."""
+        alive = [u for u in self.runtime.known() if self.runtime.state(u).phase in _ALIVE]
+        if alive:
+            log.info("node %s: %d attempt(s) still running here: adopted", self.name, len(alive))
         self.sync()
         skipped: list[errors.StoredInvalid] = []  # waited for too: their GPUs are as held
         with self.db.read() as session:

@@ -187,6 +187,16 @@ class Pass:
         uid = bound.metadata.uid or ""
         state = self._state(uid)
         if state.phase in ("running", "exited", "lost"):
+            if state.pid is not None:  # its supervisor started it: said here, once
+                log.info(
+                    "%s/%s attempt %d started on GPUs [%s] as the attempt before it ended "
+                    "(armed; pid %d)",
+                    bound.namespace,
+                    bound.spec.job_name,
+                    bound.spec.attempt,
+                    span(set(bound.spec.gpus)),
+                    state.pid,
+                )
             self._sync_one(bound)
             return
         if bound.spec.stop_reason:

@@ -4,6 +4,7 @@ a hand edit in the database) make it fail closed: an attempt whose Binding it ca
 still holds its GPUs while it runs here, and a Node whose spec it cannot read keeps beating
 but takes no new attempt."""
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -268,3 +269,32 @@ def test_a_job_that_no_longer_validates_neither_spins_the_loop_nor_holds_back_th
     assert _phase_here(n1, y) == "absent"
     assert stored(database, binding.Binding, "y-1").status.phase == "Pending"
     assert len(passes) <= 8, f"{len(passes)} agent passes in 2.5 s"
+
+
+def test_the_agent_says_when_an_armed_attempt_started_and_what_it_adopted(
+    database: db.Database, n1: agent.Agent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA: the log said when an attempt was armed, never when it started; nor what a
+    restarted agent found still running."""
+    caplog.set_level(logging.INFO, logger="gctl.agent")
+    x = _bind(database, "x", 0)
+    n1.sync()
+    y = _bind(database, "y", 0, after=[x])
+    n1.sync()
+    _end(n1, x)
+    deadline = time.monotonic() + WAIT
+    while _phase_here(n1, y) != "running":
+        assert time.monotonic() < deadline, "y did not start"
+        time.sleep(0.05)
+    n1.sync()
+    pid = n1.runtime.state(y.metadata.uid or "").pid
+    assert (
+        f"default/y attempt 1 started on GPUs [0] as the attempt before it ended (armed; pid {pid})"
+        in caplog.messages
+    )
+    n1.close()  # stops cleanly: y runs on
+    again = agent.Agent(database, "n1", gpus.FakeGPUs(2), tmp_path / "state")
+    again.heartbeat_seconds = 5.0
+    _run_loop(again, 0.5)
+    assert "node n1: 1 attempt(s) still running here: adopted" in caplog.messages
+    assert _phase_here(again, y) == "running"
