@@ -5,6 +5,7 @@ Where the database is comes from `locations`; the pragmas every SQLite connectio
 """
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,13 @@ from sqlalchemy.orm import Session
 
 from gctl.api import errors
 from gctl.store import driver, locations, notify, schema, writers
+
+# psycopg warns on its own logger when a lost connection leaves it a pipeline it cannot close
+# ("error ignored terminating <psycopg.Pipeline [BAD]>"), beside the error gctl reports in one
+# line. The gctl command configures no logging, so Python would print the warning raw: a
+# handler that drops it keeps the command's stderr to that one line. The daemons log it still
+# (it goes on to their root handler).
+logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
 SQLITE_BUSY_TIMEOUT_MS = driver.BUSY_TIMEOUT_MS

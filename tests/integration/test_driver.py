@@ -5,6 +5,8 @@ the driver leaves alone reaches the Store, with nothing written before it does."
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +340,21 @@ def test_the_driver_writes_rows_for_the_current_schema() -> None:
     derived value): bring the driver up to date, check the rows against the Store's above,
     then move WRITES_SCHEMA. Until then every write goes through the Store."""
     assert driver.WRITES_SCHEMA == schema.HEAD
+
+
+def test_psycopg_warnings_do_not_reach_the_commands_stderr() -> None:
+    """QA: a connection lost in the middle of `gctl apply` printed psycopg's own warning
+    ("error ignored terminating <psycopg.Pipeline [BAD]>: the connection is lost") before
+    gctl's one-line error: the command configures no logging, so Python printed it raw."""
+    said = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import logging, gctl.store.db; "
+            "logging.getLogger('psycopg').warning('error ignored terminating <Pipeline>')",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert said.stderr == ""
