@@ -172,6 +172,23 @@ STOP_GRACE_S = 5.0
 
 
 Runners = list[tuple[str, Callable[[threading.Event], None]]]
+START_RETRY_S = 2.0  # between tries to reach a database that is not there yet
+
+
+def _built(build: Callable[[], Runners], stop: threading.Event) -> Runners:
+    """The parts, built once the database answers: a host that boots before its database
+    server, or a server restarting, is waited for (said once a minute), not an exit. A stop
+    meanwhile builds nothing: the parts are none."""
+    from gctl.api import failures
+
+    said = failures.FailureLog(logging.getLogger("gctl"))
+    while not stop.is_set():
+        try:
+            return build()
+        except errors.Unavailable as exc:
+            said.failed("starting", exc)
+            stop.wait(START_RETRY_S)
+    return []
 
 
 def _run(build: Callable[[], Runners], *, jobs_outlive: bool = False) -> None:
@@ -181,7 +198,7 @@ def _run(build: Callable[[], Runners], *, jobs_outlive: bool = False) -> None:
     built (opening the database, claiming the Node: seconds where the database is busy) stops
     them as they start, and is said, rather than killing the process silently."""
     stop, received = _stop_on_signals()
-    runners = build()
+    runners = _built(build, stop)
     # A thread back from a database call waits for the GIL until the busy one yields it, up
     # to the switch interval (5 ms by default); every hand-off between the controller, the
     # agent and their feeds pays that several times. Yield sooner.

@@ -8,11 +8,12 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import GCTL_BIN, Gctl
+from tests.conftest import GCTL_BIN, Gctl, _admin, _pg_url
 from tests.e2e.test_jobs import alive, apply_job, phase_is, wait_for
 
 # A clean shutdown takes well under a second; the bound is generous for a loaded machine.
@@ -103,6 +104,35 @@ def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
     said = log.read_text()
     assert code == 0, said
     assert "received SIGTERM: shutting down; running jobs keep running" in said
+    assert "Traceback" not in said
+
+
+def test_a_controller_waits_for_its_database_to_come(pg_template: str, tmp_path: Path) -> None:
+    """QA: a daemon started before its database server (a host that boots first) exited 1.
+    It now says so and tries again until the database answers, then runs; a signal while it
+    waits stops it."""
+    name = f"gctl_t_{uuid.uuid4().hex[:10]}"  # not created yet
+    log = tmp_path / "controller.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [GCTL_BIN, "controller", "run", "--db", _pg_url(name)],
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_for(lambda: "starting failed; retrying" in log.read_text(), "the first try")
+        assert process.poll() is None, log.read_text()
+        _admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+        wait_for(lambda: "controller on" in log.read_text(), "the controller to start")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    said = log.read_text()
+    assert f'database "{name}" does not exist' in said
     assert "Traceback" not in said
 
 
