@@ -40,8 +40,9 @@ def filter_gpu(slot: snapshot.Slot, request: snapshot.Request, pool: snapshot.Po
         return "excluded by spec.placement"
     if not slot.node.ready:
         return "on NotReady node(s)"
-    if gpu.state is not None:
-        return gpu.state.lower()
+    if gpu.state is not None:  # a draining GPU whose jobs all ended is drained (`get gpus`)
+        drained = gpu.state == "Draining" and not slot.allocations
+        return "drained" if drained else gpu.state.lower()
     if request.gpu_model and not selection.model_matches(gpu.model, request.gpu_model):
         return f"not model {request.gpu_model}"
     need, total = request.gpu_memory, gpu.memory_total

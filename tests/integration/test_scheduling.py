@@ -469,7 +469,7 @@ def test_closed_and_busy_gpus_are_explained(database: db.Database) -> None:
     _schedule(database)
     assert _waiting(_job(database, "big")) == (
         "Unschedulable",
-        "0/3 GPUs fit: 1 cordoned, 1 draining, 1 lack 40Gi free",
+        "0/3 GPUs fit: 1 cordoned, 1 drained, 1 lack 40Gi free",  # no job left on GPU 1
     )
 
 

@@ -151,15 +151,20 @@ def test_busy_gpus_take_no_new_jobs_in_a_pool_with_thresholds() -> None:
 
 
 def test_cordoned_draining_and_not_ready_gpus_take_nothing_and_are_counted() -> None:
+    """A draining GPU whose jobs have all ended is Drained, as `get gpus` says (QA: the
+    message said "draining" of GPUs that had been drained for a while)."""
     shot = snapshot(
         gpus("a", 2, state="Cordoned"),
-        gpus("b", 1, state="Draining"),
+        gpus("b", 2, state="Draining"),
         gpus("c", 3),
         nodes=[Node("c", ready=False)],
+        allocations=[running("still", "b", 1)],
     )
     result = decide(shot, req("j"))
     assert at(result["j"]) is None
-    assert result["j"].message == "0/6 GPUs fit: 3 on NotReady node(s), 2 cordoned, 1 draining"
+    assert result["j"].message == (
+        "0/7 GPUs fit: 3 on NotReady node(s), 2 cordoned, 1 drained, 1 draining"
+    )
 
 
 def test_the_message_counts_the_first_failing_filter_most_frequent_first() -> None:
