@@ -94,11 +94,21 @@ class Agent:
 
     # -- the Node ------------------------------------------------------------------------------
 
-    def claim(self) -> None:
+    def claim(self, stop: threading.Event | None = None) -> bool:
         """Make the Node this agent's: ownership.Taken (one line naming the other agent) if
-        another agent's heartbeat for it is fresh."""
+        another agent holds it and is alive. True once it is this agent's; False where that
+        means watching the other one's heartbeat and there is no `stop` to watch with, or
+        `stop` was set meanwhile (`ownership.claim`)."""
         predecessor = self._state_lock.predecessor
-        heartbeat.claim(self.db, self.name, self.instance, predecessor, self.clock())
+
+        def take(silent: ownership.Held | None) -> None:
+            now = self.clock()
+            heartbeat.claim(self.db, self.name, self.instance, predecessor, now, silent=silent)
+
+        def read() -> ownership.Held | None:
+            return heartbeat.held(self.db, self.name, self.instance, predecessor)
+
+        return ownership.claim(self.name, take, read, self.clock, stop)
 
     def heartbeat(self) -> None:
         """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready; said once
@@ -219,7 +229,8 @@ class Agent:
             self.close()
 
     def _run(self, stop: threading.Event) -> None:
-        self.claim()
+        if not self.claim(stop):
+            return
         self._settle_lost()
         self.heartbeat()
         with self.db.read() as session:

@@ -51,22 +51,31 @@ def claim(
     instance: node.AgentInstance,
     predecessor: str | None,
     now: datetime,
+    *,
+    silent: ownership.Held | None = None,
 ) -> None:
     """Make the Node this agent's before it acts for it (`ownership`): ownership.Taken if
-    another agent's heartbeat is fresh, else its instance and heartbeat written (not Ready:
-    that waits for the first `beat`)."""
+    another agent holds it (but `silent`, watched silent, unmoved), else its instance and
+    heartbeat written (not Ready: that waits for the first `beat`)."""
 
     def work(writer: store.Store) -> None:
         current, unread = _current(writer, name)
-        why = ownership.rival(current, instance, predecessor, now)
-        if why is not None:
-            raise ownership.Taken(why)
+        ownership.check(current, instance, predecessor, now, silent=silent)
         if current is not None:
             current.status.agent_instance = instance
             current.status.heartbeat_time = now
             writer.update_status(current, stored_spec=_spec_of(unread))
 
     store.transact(database, work)
+
+
+def held(
+    database: db.Database, name: str, instance: node.AgentInstance, predecessor: str | None
+) -> ownership.Held | None:
+    """Another agent's hold on the Node, as stored now (`ownership.held`)."""
+    with database.read() as session:
+        current, _ = _current(store.Store(session), name)
+    return ownership.held(current, instance, predecessor)
 
 
 def release(database: db.Database, name: str, instance: node.AgentInstance) -> None:
@@ -101,9 +110,7 @@ def beat(
     def work(writer: store.Store) -> SpecUnread | None:
         current, unread = _current(writer, name)
         if instance is not None:
-            why = ownership.rival(current, instance, predecessor, now)
-            if why is not None:
-                raise ownership.Taken(why)
+            ownership.check(current, instance, predecessor, now)
         if current is None:
             current = writer.create(node.Node(metadata=meta.ObjectMeta(name=name, labels=labels)))
             writer.record_event(

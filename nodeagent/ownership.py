@@ -7,31 +7,47 @@ start a job twice, or stop the other's jobs).
   restart.
 - Across hosts (the same --node-name, other state directories, one database): every heartbeat
   records the agent's instance in the Node's status (`AgentInstance`: a random id, host, pid,
-  start). An agent refuses a Node whose heartbeat is fresh and was written by another instance;
-  a stale one (that agent died) does not block. The instance that last held this state
-  directory, named in its lock file, is this agent's own predecessor, dead since its lock is
-  ours: never a rival. The check and the write are one compare-and-set, so of two agents that
-  start together one wins and the other refuses.
+  start). An agent refuses a Node that another instance holds, and stops if it finds one at a
+  heartbeat (it was taken over). The instance that last held this state directory, named in
+  its lock file, is this agent's own predecessor, dead since its lock is ours: never a rival;
+  an agent that stops cleanly lets go of the Node. The check and the write are one
+  compare-and-set, so of two agents that start together one wins and the other refuses.
 
-Freshness compares the Node's heartbeat time, written by the other host's clock, with this
-host's: the hosts' clocks are assumed in step (NTP), as Kubernetes assumes for node leases.
+Whether the other agent is gone is never read from its heartbeat's time, written by another
+host's clock: that is only enough to refuse at once. Otherwise this agent watches the stored
+heartbeat on its own monotonic clock, as the controller times nodes out: one that moves is
+alive (refused), one that stood still for the other agent's whole silence window (three of its
+heartbeats, at least 10 s) is taken over. So hosts' clocks need not agree.
 """
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
+import threading
+import time
 import uuid
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from gctl.api import errors, node
 
 LOCK = "agent.lock"
+WATCH_POLL_SECONDS = 0.5  # how often a silent agent's heartbeat is read while it is watched
+
+log = logging.getLogger("gctl.agent")
 
 
 class Taken(errors.AlreadyExists):
-    """Another agent acts for this node: this one must not start, or must stop."""
+    """Another agent acts for this node: this one must not start, or must stop. `held`: the
+    other agent's hold on the Node, where it is the Node's heartbeat that says so."""
+
+    def __init__(self, message: str, held: "Held | None" = None) -> None:
+        super().__init__(message)
+        self.held = held
 
 
 class StateLock:
@@ -74,27 +90,131 @@ def new_instance(heartbeat_seconds: float, now: datetime) -> node.AgentInstance:
     )
 
 
-def rival(
+class Held(NamedTuple):
+    """Another agent's hold on the Node, as read: its instance, and its last heartbeat as
+    written by its own host's clock."""
+
+    instance: node.AgentInstance
+    beat: datetime | None
+
+    def looks_fresh(self, now: datetime) -> bool:
+        """Whether its heartbeat is recent by this host's clock: enough to refuse at once (a
+        wrong clock then delays a takeover, never allows one), never to take over."""
+        if self.beat is None:
+            return False
+        return abs((now - self.beat).total_seconds()) <= self.instance.silent_after()
+
+    def same(self, other: "Held") -> bool:
+        """Whether `other` is this hold, its heartbeat unmoved."""
+        return (other.instance.id, other.beat) == (self.instance.id, self.beat)
+
+
+def held(
+    current: node.Node | None, ours: node.AgentInstance, predecessor: str | None
+) -> Held | None:
+    """Another agent's hold on the Node: None when it is this agent's, its own predecessor's
+    (dead: its lock is ours), or no one's (never heartbeated, or let go of)."""
+    theirs = current.status.agent_instance if current is not None else None
+    if current is None or theirs is None or theirs.id in (ours.id, predecessor):
+        return None
+    return Held(theirs, current.status.heartbeat_time)
+
+
+def check(
     current: node.Node | None,
     ours: node.AgentInstance,
     predecessor: str | None,
     now: datetime,
-) -> str | None:
-    """Why this agent must not act for the Node: the one-line error naming the other agent
-    whose heartbeat is fresh; None when the Node is this agent's, or its own predecessor's,
-    or no one's (never heartbeated, or stale)."""
-    theirs = current.status.agent_instance if current is not None else None
-    beat = current.status.heartbeat_time if current is not None else None
-    if current is None or theirs is None or beat is None or theirs.id in (ours.id, predecessor):
-        return None
-    age = (now - beat).total_seconds()
-    if abs(age) > theirs.silent_after():
-        return None
+    *,
+    silent: Held | None = None,
+) -> None:
+    """Taken (naming the other agent) if another agent holds the Node, whatever its
+    heartbeat's time says: only the hold `silent`, which this agent watched stand still for
+    its whole silence window (`claim`), may be taken over, and only while it has not moved."""
+    theirs = held(current, ours, predecessor)
+    if theirs is None or (silent is not None and silent.same(theirs)):
+        return
+    assert current is not None
+    raise Taken(refusal(current.name, theirs, now), theirs)
+
+
+def refusal(name: str, theirs: Held, now: datetime) -> str:
+    """The one-line error naming the agent that holds the Node `name`."""
+    instance = theirs.instance
     return (
-        f"node {current.name}: another agent is running for it, on host {theirs.hostname} "
-        f"(pid {theirs.pid}), last heartbeat {max(0, round(age))}s ago; stop it first, or give "
-        "this one another --node-name"
+        f"node {name}: another agent is running for it, on host {instance.hostname} (pid "
+        f"{instance.pid}), {_last_beat(theirs, now)}; stop it first, or give this one another "
+        "--node-name"
     )
+
+
+def claim(
+    name: str,
+    take: Callable[[Held | None], None],
+    read: Callable[[], Held | None],
+    clock: Callable[[], datetime],
+    stop: threading.Event | None,
+) -> bool:
+    """Make the Node `name` this agent's: `take` writes this agent's hold (ownership.Taken,
+    with the other agent's hold, if there is one it may not take over); `read` reads another
+    agent's hold. True once the Node is this agent's.
+
+    A hold whose heartbeat looks fresh by this host's clock is refused at once. Any other is
+    watched, on this host's monotonic clock (as the controller times a node out): refused as
+    soon as its heartbeat moves, taken over once it stood still for its whole silence window;
+    with no `stop` to watch with, or once `stop` is set, False (the caller claims again)."""
+    try:
+        take(None)
+        return True
+    except Taken as exc:
+        theirs = exc.held
+        if theirs is None or theirs.looks_fresh(clock()):
+            raise
+    if stop is None:
+        return False
+    window = theirs.instance.silent_after()
+    log.warning(
+        "node %s: agent on host %s pid %d last beat at %s; waiting up to %gs to see whether it "
+        "is alive",
+        name,
+        theirs.instance.hostname,
+        theirs.instance.pid,
+        _at(theirs.beat),
+        window,
+    )
+    since = time.monotonic()
+    while (left := since + window - time.monotonic()) > 0:
+        if stop.wait(min(WATCH_POLL_SECONDS, left)):
+            return False
+        seen = read()
+        if seen is None:  # let go of (a clean stop), or the Node deleted: no one's
+            return claim(name, take, read, clock, stop)
+        if not theirs.same(seen):  # it heartbeats: alive
+            raise Taken(refusal(name, seen, clock()), seen)
+    take(theirs)  # Taken if it beat since the last look
+    log.warning(
+        "node %s: taking it over from the agent on host %s pid %d, silent for %gs",
+        name,
+        theirs.instance.hostname,
+        theirs.instance.pid,
+        window,
+    )
+    return True
+
+
+def _last_beat(theirs: Held, now: datetime) -> str:
+    if theirs.beat is None:
+        return "no heartbeat yet"
+    age = (now - theirs.beat).total_seconds()
+    if theirs.looks_fresh(now):
+        return f"last heartbeat {max(0, round(age))}s ago"
+    # Stale by this host's clock, though it may be alive: the hosts' clocks may disagree.
+    how = "behind" if age > 0 else "ahead of"
+    return f"last heartbeat at {_at(theirs.beat)} by its clock, {abs(round(age))}s {how} ours"
+
+
+def _at(when: datetime | None) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if when is not None else "never"
 
 
 def _read(fd: int) -> str:

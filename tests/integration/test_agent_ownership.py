@@ -1,18 +1,26 @@
 """One agent per node (nodeagent/ownership.py), against a real database: a second agent for a
-node refuses to start, by the state directory's lock on one host and by the Node's fresh
-heartbeat across hosts; a dead agent's lock or stale heartbeat never blocks."""
+node refuses to start, by the state directory's lock on one host and by the Node's heartbeat
+across hosts; a dead agent's lock never blocks, nor does a heartbeat this agent watched stand
+still for the other agent's whole silence window. The hosts' clocks need not agree: an agent
+whose clock is minutes off refuses a live agent's Node, and one taken over stops."""
 
-from collections.abc import Iterator
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gctl.api import node
+from gctl.api import meta, node
 from gctl.store import db, store
-from nodeagent import agent, gpus, ownership
+from nodeagent import agent, gpus, heartbeat, ownership
 
 NOW = datetime.now(UTC)
+SKEW = timedelta(minutes=2)  # QA's case: `faketime -f +120s gctl agent run ...`
+SHORT_BEAT = 0.1  # seconds: a silence window of SHORT_SILENCE, where the test shortens it
+SHORT_SILENCE = 0.5
 
 
 class Agents:
@@ -23,14 +31,19 @@ class Agents:
         self.tmp_path = tmp_path
         self.made: list[agent.Agent] = []
 
-    def __call__(self, state: str, clock: datetime = NOW) -> agent.Agent:
+    def __call__(
+        self,
+        state: str,
+        clock: datetime | Callable[[], datetime] = NOW,
+        heartbeat_seconds: float = 10,
+    ) -> agent.Agent:
         made = agent.Agent(
             self.database,
             "nb",
             gpus.FakeGPUs(1),
             self.tmp_path / state,
-            heartbeat_seconds=10,
-            clock=lambda: clock,
+            heartbeat_seconds=heartbeat_seconds,
+            clock=clock if callable(clock) else lambda: clock,
         )
         self.made.append(made)
         return made
@@ -89,21 +102,118 @@ def test_an_agent_of_another_host_refuses_a_node_whose_heartbeat_is_fresh(
     assert _instance(database) == theirs
 
 
-def test_a_stale_heartbeat_does_not_block_and_its_agent_stops_if_it_comes_back(
+@pytest.fixture
+def short_silence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agents beating every SHORT_BEAT go silent after SHORT_SILENCE, not 10 s."""
+    monkeypatch.setattr(node, "SILENT_MIN_S", SHORT_SILENCE)
+
+
+@pytest.mark.parametrize(
+    ("taken_at", "back_at"),
+    [
+        (NOW + timedelta(seconds=31), NOW + timedelta(seconds=32)),
+        (NOW + SKEW, NOW + timedelta(seconds=1)),
+    ],
+    ids=["clocks-in-step", "the-second-agents-clock-2-minutes-ahead"],
+)
+def test_a_silent_agent_is_taken_over_once_watched_and_stops_if_it_comes_back(
+    agents: Agents,
+    database: db.Database,
+    short_silence: None,
+    taken_at: datetime,
+    back_at: datetime,
+) -> None:
+    """The first agent went silent: the second, its clock past the first's heartbeat by more
+    than the silence window, takes the Node only once it watched the heartbeat stand still for
+    the whole window on its own clock. The first, back, finds the Node taken at its next
+    heartbeat and must stop, whatever its clock says (QA: one whose clock was behind never
+    noticed, and both ran the same jobs)."""
+    first = agents("host-a", heartbeat_seconds=SHORT_BEAT)
+    first.claim()
+    first.heartbeat()
+    second = agents("host-b", clock=taken_at)
+    assert not second.claim()  # nothing to watch with: left as it is, for `run` to claim
+    assert _instance(database) == first.instance
+    began = time.monotonic()
+    assert second.claim(threading.Event())
+    assert time.monotonic() - began >= SHORT_SILENCE
+    second.heartbeat()
+    assert _instance(database) == second.instance
+    first.clock = lambda: back_at
+    with pytest.raises(ownership.Taken, match="another agent is running for it"):
+        first.heartbeat()
+    assert _instance(database) == second.instance
+
+
+@pytest.mark.parametrize("skew", [SKEW, -SKEW], ids=["ahead", "behind"])
+def test_an_agent_whose_clock_is_off_refuses_a_live_agents_node(
+    agents: Agents, database: db.Database, skew: timedelta
+) -> None:
+    """QA's case: an agent whose clock was two minutes ahead took a live node (its heartbeat
+    looked stale by that clock) and both agents started the same job. It now watches the
+    heartbeat, sees it move, and refuses, saying how far apart the clocks are."""
+    first = agents("host-a", clock=meta.utcnow, heartbeat_seconds=SHORT_BEAT)
+    first.claim()
+    first.heartbeat()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(SHORT_BEAT):
+            first.heartbeat()
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    second = agents("host-b", clock=lambda: meta.utcnow() + skew)
+    try:
+        with pytest.raises(ownership.Taken) as refused:
+            second.claim(threading.Event())
+    finally:
+        done.set()
+        beating.join()
+    theirs = first.instance
+    how = "behind" if skew > timedelta(0) else "ahead of"
+    said = re.fullmatch(
+        f"node nb: another agent is running for it, on host {re.escape(theirs.hostname)} "
+        rf"\(pid {theirs.pid}\), last heartbeat at \S+Z by its clock, (\d+)s {how} ours; stop "
+        "it first, or give this one another --node-name",
+        str(refused.value),
+    )
+    assert said is not None, str(refused.value)
+    # The clocks' difference, and how long ago it beat: a moment, on a loaded host.
+    assert 0 <= abs(int(said[1]) - SKEW.total_seconds()) <= 5
+    assert _instance(database) == first.instance
+    first.heartbeat()  # still its own
+
+
+def test_a_heartbeat_that_moved_since_it_was_watched_is_not_taken_over(
     agents: Agents, database: db.Database
 ) -> None:
-    """The first agent went silent for longer than three of its heartbeats: the second takes
-    the Node. The first, back, finds it taken at its next heartbeat and must stop."""
+    """The takeover is a compare-and-set on the heartbeat watched: one that beat since the
+    last look is alive."""
+    first = agents("host-a", clock=meta.utcnow)
+    first.claim()
+    first.heartbeat()
+    second = agents("host-b", clock=NOW + SKEW)
+    watched = heartbeat.held(database, "nb", second.instance, None)
+    assert watched is not None
+    assert watched.instance == first.instance
+    first.heartbeat()
+    with pytest.raises(ownership.Taken, match="another agent is running for it"):
+        heartbeat.claim(database, "nb", second.instance, None, NOW + SKEW, silent=watched)
+    assert _instance(database) == first.instance
+
+
+def test_an_agent_stopped_while_it_watches_takes_nothing(
+    agents: Agents, database: db.Database
+) -> None:
     first = agents("host-a")
     first.claim()
     first.heartbeat()
-    second = agents("host-b", clock=NOW + timedelta(seconds=31))
-    second.claim()
-    second.heartbeat()
-    assert _instance(database) == second.instance
-    first.clock = lambda: NOW + timedelta(seconds=32)
-    with pytest.raises(ownership.Taken, match="another agent is running for it"):
-        first.heartbeat()
+    second = agents("host-b", clock=NOW + SKEW)
+    stop = threading.Event()
+    stop.set()
+    assert not second.claim(stop)
+    assert _instance(database) == first.instance
 
 
 def test_an_agent_that_stops_lets_go_of_its_node(agents: Agents, database: db.Database) -> None:
