@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from gctl.api import meta, node
+from gctl.store import db, store
 from tests.conftest import GCTL_BIN, Gctl, _admin, _pg_url
 from tests.e2e.test_jobs import alive, apply_job, phase_is, wait_for
 
@@ -203,6 +206,47 @@ def test_a_second_agent_for_a_node_refuses_to_start_and_a_crashed_one_never_bloc
             if process.poll() is None:
                 process.terminate()
                 process.wait(10)
+
+
+def test_an_agent_that_must_watch_another_ones_heartbeat_says_so_and_a_signal_ends_the_wait(
+    gctl: Gctl, tmp_path: Path
+) -> None:
+    """The Node is held by an agent on another host whose heartbeat is an hour old by this
+    host's clock: not enough to take it over (QA: clocks two minutes apart made a live agent
+    look dead), so the agent watches that heartbeat, saying so, and SIGTERM ends the wait at
+    once, taking nothing."""
+    theirs = node.AgentInstance(
+        id="elsewhere", hostname="gpu7", pid=4242, started=meta.utcnow(), heartbeat_seconds=0.5
+    )
+    beat = meta.utcnow() - timedelta(hours=1)
+    database = db.Database.open(gctl.db_url)
+    try:
+        with database.write() as session:
+            held = store.Store(session).create(node.Node(metadata=meta.ObjectMeta(name="nb")))
+            held.status.agent_instance = theirs
+            held.status.heartbeat_time = beat
+            store.Store(session).update_status(held)
+    finally:
+        database.close()
+    log = tmp_path / "agent.log"
+    process = _agent(gctl, tmp_path / "state", log)
+    try:
+        wait_for(lambda: "waiting up to" in log.read_text(), "the agent to watch")
+        assert (
+            f"node nb: agent on host gpu7 pid 4242 last beat at {beat:%Y-%m-%dT%H:%M:%SZ}; "
+            "waiting up to 10s to see whether it is alive\n"
+        ) in log.read_text()
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert code == 0, log.read_text()
+    assert took < SHUTDOWN_BOUND_S, f"took {took:.1f}s to stop\n{log.read_text()}"
+    assert _instance_pid(gctl) == 4242
 
 
 STUCK_DAEMONS = """
