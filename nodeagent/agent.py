@@ -132,6 +132,14 @@ class Agent:
             )
         self._spec_unread = said
 
+    def abandon(self) -> None:
+        """After a claim that failed: stop the runtime's helpers and let go of the state
+        directory, so that the agent built again in this process (`gctl agent run` waiting
+        for its database) can take it. The Node is left as it is: this instance, named in the
+        state directory's lock file, is the next one's predecessor."""
+        self.runtime.close()
+        self._state_lock.release()
+
     def close(self) -> None:
         """Stop the runtime's helpers and let go of the Node and the state directory, so that
         another agent may start for them at once; jobs keep running."""

@@ -121,7 +121,13 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
         grace_seconds=options.grace_seconds,
         fence_seconds=options.fence_seconds,
     )
-    the_agent.claim()  # a second agent for the node stops here, in one line
+    try:
+        the_agent.claim()  # a second agent for the node stops here, in one line
+    except BaseException:
+        # Built again (`_built`, the database away) or not at all: its hold on the state
+        # directory must not be left to refuse the next one as "another agent".
+        the_agent.abandon()
+        raise
     logging.getLogger("gctl.agent").info("node %s: %s; state in %s", node_name, how, state_dir)
     return the_agent.run
 

@@ -12,10 +12,12 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from gctl.api import meta, node
 from gctl.store import db, store
+from tests.builders import put_ready_node
 from tests.conftest import GCTL_BIN, Gctl, _admin, _pg_url
 from tests.e2e.test_jobs import alive, apply_job, phase_is, wait_for
 
@@ -137,6 +139,46 @@ def test_a_controller_waits_for_its_database_to_come(pg_template: str, tmp_path:
     said = log.read_text()
     assert f'database "{name}" does not exist' in said
     assert "Traceback" not in said
+
+
+def test_an_agent_whose_claim_found_the_database_away_claims_again(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The database answered the agent's opening and went away before its claim (here: the
+    Node's row locked, and a lock_timeout): the claim is tried again, and the agent built
+    again must not find its own first try holding the state directory ("another agent (pid
+    <its own>) is running")."""
+    database = db.Database.open(pg_url)
+    with database.write() as session:
+        put_ready_node(store.Store(session), "nb", 1, meta.utcnow())
+    database.close()
+    name = pg_url.rsplit("/", 1)[1]
+    _admin(f"ALTER DATABASE \"{name}\" SET lock_timeout = '200ms'")
+    locker = psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"))
+    locker.execute("SELECT 1 FROM nodes WHERE name = 'nb' FOR UPDATE")
+    log = tmp_path / "agent.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [
+                *(GCTL_BIN, "agent", "run", "--db", pg_url, "--node-name", "nb"),
+                *("--fake-gpus", "1", "--state-dir", str(tmp_path / "state")),
+            ],
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_for(lambda: "starting failed; retrying" in log.read_text(), "the first claim")
+        locker.commit()  # the database is back
+        wait_for(lambda: "state in" in log.read_text() or process.poll() is not None, "start")
+        assert process.poll() is None, log.read_text()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        locker.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert "another agent" not in log.read_text()
 
 
 def _agent(gctl: Gctl, state: Path, log: Path) -> "subprocess.Popen[bytes]":
