@@ -89,12 +89,15 @@ def plan(
             return Plan(decisions, undecided=len(ordered) - i)
         decision = planner.decide(request)
         placed += changes(decision)
-        starting = starting or _starts(decision)
+        starting = starting or (_starts(decision) and changes(decision))
         decisions.append(decision)
     return Plan(decisions)
 
 
 def _starts(decision: Decision) -> bool:
+    """It starts now. A Job bound ahead that starts where it was bound writes nothing (its
+    agent starts it): `plan` counts only the starts that write a Binding, as `writing`
+    does, so that a pass whose only start is that one decides every request."""
     return decision.placement is not None and not decision.placement.after
 
 
@@ -104,23 +107,26 @@ class _Rest:
     preemptions): binding ahead and telling the waiting Jobs why they wait are left to the
     next pass (`writing._starting`). So once no GPU has room left, it need not decide the rest
     of a long queue only to drop the outcome, unless one of them could still start (it needs
-    no GPU) or preempt (its priority is above an attempt's). Slurm's main scheduler, too,
-    looks no further than the head of its queue (`default_queue_depth`)."""
+    no GPU) or preempt (its priority is above an attempt's), or is a Job bound ahead: a Job
+    before it may have taken its place, and one left undecided would keep it beside the
+    taker's Binding (two Jobs next on one GPU). Slurm's main scheduler, too, looks no
+    further than the head of its queue (`default_queue_depth`)."""
 
     def __init__(self, ordered: list[Request]) -> None:
-        # From each index on: the highest priority, and whether a request needs no GPU.
+        # From each index on: the highest priority, and whether a request needs no GPU or is
+        # bound ahead.
         self.top: list[int] = [0] * len(ordered)
-        self.cpu_only: list[bool] = [False] * len(ordered)
-        top, cpu_only = -(2**63), False
+        self.must_decide: list[bool] = [False] * len(ordered)
+        top, must = -(2**63), False
         for i in range(len(ordered) - 1, -1, -1):
             top = max(top, ordered[i].priority)
-            cpu_only = cpu_only or ordered[i].gpus == 0
-            self.top[i], self.cpu_only[i] = top, cpu_only
+            must = must or ordered[i].gpus == 0 or ordered[i].queued is not None
+            self.top[i], self.must_decide[i] = top, must
 
     def none_may_start(self, i: int, priorities: list[int]) -> bool:
         """Whether no request from index `i` on can start now or preempt, where no GPU has
         room (`priorities`: of the attempts on the GPUs, ascending)."""
-        return not self.cpu_only[i] and (not priorities or self.top[i] <= priorities[0])
+        return not self.must_decide[i] and (not priorities or self.top[i] <= priorities[0])
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:

@@ -430,3 +430,70 @@ def test_a_pass_before_the_rerun_is_acted_on_does_not_arm_the_old_attempt_again(
     assert _binding(database, "next-1").spec.disarm
     _reconcile(database, "next")
     assert _attempts(database, "next") == []
+
+
+# -- a pass that starts Jobs and leaves the rest of the queue undecided (placement.plan) -----
+
+
+def _next_behind_each_other(database: db.Database) -> None:
+    """n1's GPU 0 runs `x` (a day, priority 10), GPU 1 ran `y`, which just ended: `q1`, bound ahead
+    behind `y`, is about to be started by its agent, which has not taken it yet; `q2` is
+    bound ahead behind `x`; `w0`..`w2` wait."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 2, T0)
+        for name, seconds, priority in (("x", 86_400, 10), ("y", 60, 0)):
+            j = make_job(name).priority(priority).build()  # x: no Job here may preempt it
+            j.spec.active_deadline_seconds = seconds
+            writer.create(j)
+    _schedule(database)
+    report_attempt(database, "x-1", "Running", T0)
+    report_attempt(database, "y-1", "Running", T0)
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.create(make_job("q1").build())
+        writer.create(make_job("q2").build())
+        for i in range(3):
+            writer.create(make_job(f"w{i}").build())
+    _schedule(database)
+    report_attempt(database, "y-1", "Exited", T0, exit_code=0)
+    _reconcile(database, "y")
+
+
+def _next_on(database: db.Database, names: list[str]) -> dict[int, list[str]]:
+    """The Jobs bound ahead to each GPU of n1 (their attempts not yet taken)."""
+    found: dict[int, list[str]] = {}
+    for name in names:
+        for b in _attempts(database, name):
+            if binding.queued(b.spec, b.status):
+                for gpu in b.spec.gpus:
+                    found.setdefault(gpu, []).append(name)
+    return found
+
+
+def test_a_job_bound_ahead_is_not_left_beside_the_job_that_took_its_place(
+    database: db.Database,
+) -> None:
+    """`n` comes first in the queue and takes `q2`'s place behind `x`; `q2` moves behind
+    `q1`. A pass that stopped deciding after `q1` started wrote `n`'s Binding and left
+    `q2`'s: two Jobs next on GPU 0."""
+    _next_behind_each_other(database)
+    with database.write() as session:
+        store.Store(session).create(make_job("n").priority(5).build())
+    _schedule(database)
+    assert _next_on(database, ["q1", "q2", "n"])[0] == ["n"]
+
+
+def test_a_pass_whose_only_start_is_a_job_bound_ahead_tells_every_waiting_job(
+    database: db.Database,
+) -> None:
+    """`q1` starts where it was bound, which writes nothing: a pass that counted it as a start
+    left the waiting Jobs untold and was due again 50 ms later, pass after pass, for as long
+    as the agent did not take `q1`."""
+    _next_behind_each_other(database)
+    dues = [
+        store.transact(database, lambda w: scheduling.schedule(w, T0, UNLIMITED)) for _ in range(2)
+    ]
+    assert dues[-1] != T0 + scheduling.FOLLOW_UP
+    said = next(c for c in _get_job(database, "w2").status.conditions)
+    assert said.reason == "Unschedulable"

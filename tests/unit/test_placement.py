@@ -206,3 +206,36 @@ def test_a_pass_that_starts_nothing_decides_every_request() -> None:
     shot = _one_free(_busy("a", 0), _busy("a", 1), _busy("a", 2), _busy("a", 3))
     cut = placement.plan(shot, queue, T0, starts_only=True)
     assert (len(cut.decisions), cut.undecided) == (5, 0)
+
+
+def test_a_starting_pass_decides_every_job_bound_ahead() -> None:
+    """`n` takes `p`'s place behind `x`; `p` moves to `q`'s, behind `x2` (that move is written
+    even by a pass that starts a Job: `z`, on b). A pass that stopped after `z` started left
+    `q` undecided, still next on a's GPU 1 beside `p`."""
+    p = Allocation("default", "p", "p-1", "a", (0,), uid="up", queued=True)
+    q = Allocation("default", "q", "q-1", "a", (1,), uid="uq", queued=True)
+    shot = Snapshot(
+        [Node("a"), Node("b")],
+        cluster(("a", 2, "A100", 80), ("b", 1, "A100", 80)).gpus,
+        {},
+        [
+            Allocation(
+                "default", "x", "x-1", "a", (0,), priority=10, ends=T0 + timedelta(minutes=1)
+            ),
+            Allocation(
+                "default", "x2", "x2-1", "a", (1,), priority=10, ends=T0 + timedelta(hours=1)
+            ),
+            p,
+            q,
+        ],
+    )
+    queue = [
+        req("n", 1, priority=5, node="a"),
+        req("p", 1, node="a", created=T0, queued=p),
+        req("z", 1, created=T0 + timedelta(seconds=1)),
+        req("q", 1, created=T0 + timedelta(seconds=2), queued=q),
+    ]
+    cut = placement.plan(shot, queue, T0, starts_only=True)
+    full = placement.plan(shot, queue, T0)
+    assert where(full)["p"] == ("a", (1,))  # p moves to q's place ...
+    assert cut.decisions == full.decisions  # ... and q, decided, moves on
