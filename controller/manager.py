@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,15 @@ from gctl.store import db, events, feed, store
 
 log = logging.getLogger("gctl.controller")
 SOURCE = "controller"
+
+
+@dataclass(frozen=True)
+class _Outage:
+    """The change feed could not read the database from `since` until it connected again."""
+
+    since: datetime
+
+
 SCHEDULE = ("schedule", "", "")
 RESYNC = ("resync", "", "")
 Key = tuple[str, str, str]  # kind, namespace, name
@@ -64,7 +74,7 @@ class Controller:
         self.backoff_base = backoff_base
         self.clock = clock
         self._failures = failures.FailureLog(log)
-        self._changes: queue.Queue[list[store.Change] | None] = queue.Queue()
+        self._changes: queue.Queue[list[store.Change] | _Outage | None] = queue.Queue()
         self._timers: list[tuple[datetime, Key]] = []
         self._seen: nodes.Seen = {}
         self._node_shapes: dict[str, tuple[Any, ...]] = {}
@@ -308,18 +318,21 @@ class Controller:
             result = step()
         except Exception as exc:
             self._failures.failed("/".join(p for p in key if p), exc)
-            if isinstance(exc, errors.Unavailable):
-                self._database_away()
             return None
         return True if result is None else result
 
-    def _database_away(self) -> None:
-        """This controller lost the database: while it could not read, no agent could write
-        its heartbeat either. Each node gets a full timeout again from when this controller
-        next reads it, as after a restart (`nodes`): a database restart is not every node
-        failing (QA: a 50 s outage had every node's attempts declared lost and Jobs that had
-        succeeded meanwhile run again)."""
-        self._seen.clear()
+    def _database_back(self, since: datetime) -> None:
+        """The change feed could not read the database from `since` until now: no agent could
+        write its heartbeat meanwhile either. That time is left out of every node's silence
+        (`nodes`): a database restarting is not every node failing (QA: a 50 s outage had
+        every node's attempts declared lost, and Jobs that had succeeded meanwhile ran again).
+        A node silent before the outage is judged once its silence outside it reaches the
+        timeout. The feed is the probe: a step that fails (a statement timeout, say) says
+        nothing of the agents, and must not keep a dead node from being judged."""
+        now = self.clock()
+        gap = now - since
+        for name, (heartbeat, observed) in self._seen.items():
+            self._seen[name] = (heartbeat, min(now, observed + gap))
 
     def _wait(self, stop: threading.Event, *, block: bool = True) -> set[Key]:
         """What changed, or is due: waits for something unless `block` is false."""
@@ -336,9 +349,10 @@ class Controller:
                 while not self._changes.empty():
                     batches.append(self._changes.get_nowait())
                 for item in batches:
-                    if item is None:  # the follower reconnected: changes may have been missed
+                    if item is None:  # the follower reconnects: changes may have been missed
                         dirty.add(RESYNC)
-                        self._database_away()
+                    elif isinstance(item, _Outage):
+                        self._database_back(item.since)
                     else:
                         keys = self._guarded(functools.partial(self._keys_of, item), RESYNC)
                         # None: working out the keys failed; an empty set: nothing to do.
@@ -356,15 +370,20 @@ class Controller:
         """Feed changes to the loop; on a lost connection, reconnect and ask for a resync."""
         said = failures.FailureLog(log)  # this thread's own
         delay = 0.5
+        down_since: datetime | None = None  # when the feed last lost the database
         while not stop.is_set():
             try:
                 with feed.Watch(self.db, since=since, stop=stop) as changes:
+                    if down_since is not None:  # connected again
+                        self._changes.put(_Outage(down_since))
+                        down_since = None
                     for batch in changes:
                         self._changes.put(batch)
                         since = batch[-1].revision
                         delay = 0.5
             except Exception as exc:  # the database went away: keep trying, then resync
                 said.failed("change feed", exc)  # once a minute, while the database is away
+                down_since = down_since or self.clock()
                 stop.wait(delay)
                 delay = min(delay * 2, 10.0)
                 self._changes.put(None)

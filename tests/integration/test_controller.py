@@ -3,6 +3,7 @@ no processes, so every case is exact."""
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from controller import jobs, manager, nodes, scheduling
 from gctl.api import binding, job, node
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node, report_attempt
+from tests.conftest import _admin
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -386,14 +388,11 @@ def test_an_attempt_lost_with_its_node_says_why_and_not_where_it_runs_next(
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_a_node_gets_a_full_timeout_again_after_the_controller_lost_the_database(
-    database: db.Database,
-) -> None:
+def test_a_database_outage_is_left_out_of_every_nodes_silence(database: db.Database) -> None:
     """QA: PostgreSQL restarted for 50 s; no agent could heartbeat meanwhile, and the
     controller, back, found every node silent for longer than the timeout: their attempts were
-    declared lost and Jobs that had succeeded meanwhile ran again. A lost database connection
-    is not every node failing: as after a restart, each node gets a full timeout from when
-    the controller reads it again."""
+    declared lost and Jobs that had succeeded meanwhile ran again. The time the controller's
+    change feed could not reach the database is not counted as any node's silence."""
     now = [T0]
     controller = manager.Controller(
         database, node_timeout=timedelta(seconds=40), clock=lambda: now[0]
@@ -404,31 +403,44 @@ def test_a_node_gets_a_full_timeout_again_after_the_controller_lost_the_database
     controller.reconcile(key)  # seen at T0
     with database.read() as session:
         since = store.Store(session).current_revision()
+    name = sqlalchemy.make_url(database.url).database
     stop = threading.Event()
     follower = threading.Thread(target=controller._follow, args=(since, stop), daemon=True)
     follower.start()
     try:
         time.sleep(0.5)  # it follows the feed
-        with database.engine.begin() as connection:  # as a server restart ends them
-            connection.execute(
-                sqlalchemy.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            )
-        now[0] = T0 + timedelta(seconds=60)  # the outage, as the controller's clock saw it
-        deadline = time.monotonic() + 15
-        while manager.RESYNC not in controller._wait(stop, block=False):
-            assert time.monotonic() < deadline, "the follower never said it reconnected"
-            time.sleep(0.1)
+        now[0] = T0 + timedelta(seconds=10)  # the outage begins, 10 s after n1's last beat
+        _admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        _admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        )
+        _until(lambda: manager.RESYNC in controller._wait(stop, block=False), "the feed failing")
+        now[0] = T0 + timedelta(seconds=60)  # back after 50 s
+        _admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        _until(
+            lambda: (controller._wait(stop, block=False), controller._seen["n1"][1] > T0)[1],
+            "the feed back",
+        )
         controller.reconcile(key)
-        assert _ready(database) == "True"  # a full timeout from now
-        now[0] = T0 + timedelta(seconds=101)
+        assert _ready(database) == "True"  # silent 10 s before the outage and 0 s after
+        now[0] = T0 + timedelta(seconds=89)
         controller.reconcile(key)
-        assert _ready(database) == "Unknown"  # still silent: a node failure after all
+        assert _ready(database) == "True"  # 39 s
+        now[0] = T0 + timedelta(seconds=91)
+        controller.reconcile(key)
+        assert _ready(database) == "Unknown"  # 41 s outside the outage: a node failure
     finally:
+        _admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
         stop.set()
         follower.join(timeout=10)
+
+
+def _until(done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 15
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
 
 
 def _ready(database: db.Database) -> str:
