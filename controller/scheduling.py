@@ -178,6 +178,10 @@ def _plan(reader: store.Store, now: datetime, limits: Limits, aside: reading.Set
     result = placement.plan(
         world.snapshot, requests, now, max_placements=limits.binds, starts_only=True
     )
+    if result.undecided and not writing.starts(result.decisions, world):
+        # Its one start is held back (an armed attempt asked back is still on its GPUs): the
+        # pass writes as one that starts nothing, which decides every Job.
+        result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
     foreign = any(g.foreign_memory for g in world.snapshot.gpus)
     pools = world.snapshot.pools
     on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
@@ -202,10 +206,12 @@ def _write(
             undecided=planned.undecided,
         )
     telling.forget_queue(writer, planned.held, budget.take)
-    if planned.complete and (budget.follow_up or planned.undecided):
+    if planned.complete and budget.follow_up:
         return now + FOLLOW_UP
     if not planned.complete or budget.short:
-        return now
+        return now  # out of time or binds: what it left, at once
+    if planned.undecided:
+        return now + FOLLOW_UP
     due = _next_retry(planned.held, now)
     if planned.on_metrics:
         due = min(due or now + METRICS_RECHECK, now + METRICS_RECHECK)

@@ -125,6 +125,14 @@ def apply(
                 )
 
 
+def starts(decisions: list[placement.Decision], world: reading.World) -> bool:
+    """Whether `apply` would bind a Job that starts now (`_starting`), none held back."""
+    held = _held_back(decisions, world)
+    return _starting(
+        [d for d in decisions if placement.changes(d) and d.placement and id(d) not in held]
+    )
+
+
 def _ahead(d: placement.Decision) -> bool:
     """A new Job bound ahead (one that moves has given up its place, and is bound at once)."""
     return d.request.queued is None and d.placement is not None and bool(d.placement.after)

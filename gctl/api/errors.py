@@ -39,6 +39,13 @@ class Unavailable(GctlError):
     reason = "Unavailable"
 
 
+class Incompatible(GctlError):
+    """The database holds a schema newer than this gctl knows: no retry helps, an upgrade
+    of gctl does (a daemon that waits for an Unavailable database stops on this one)."""
+
+    reason = "Incompatible"
+
+
 class StoredInvalid(GctlError):
     """A stored object that no longer validates: written by an older gctl under a rule since
     dropped, or edited by hand in the database. It names the object (`key`: kind, namespace,

@@ -145,7 +145,7 @@ class Database:
                 )
             before = _version_in(conn)
             if before is not None and before not in known:
-                raise errors.Unavailable(
+                raise errors.Incompatible(
                     f"{display_url(self.url)} has schema {before}, newer than this gctl "
                     f"knows ({schema.HEAD}): upgrade gctl"
                 )

@@ -181,6 +181,27 @@ def test_an_agent_whose_claim_found_the_database_away_claims_again(
     assert "another agent" not in log.read_text()
 
 
+def test_a_daemon_on_a_database_of_a_newer_gctl_stops_at_once(tmp_path: Path) -> None:
+    """Waiting for the database to come is for a database that is away, not for one whose
+    schema this gctl does not know: no retry helps that, upgrading gctl does (review)."""
+    database = tmp_path / "gctl.db"
+    env = {**os.environ, "GCTL_DB": str(database)}
+    subprocess.run([GCTL_BIN, "get", "nodes"], env=env, check=True, capture_output=True)
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'from-the-future'")
+    done = subprocess.run(
+        [GCTL_BIN, "controller", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "has schema from-the-future, newer than this gctl" in done.stderr
+    assert "retrying" not in done.stderr
+
+
 def _agent(gctl: Gctl, state: Path, log: Path) -> "subprocess.Popen[bytes]":
     with open(log, "ab") as out:
         return subprocess.Popen(

@@ -80,6 +80,6 @@ def test_newer_schema_is_refused(fresh_url: str) -> None:
     database = db.Database.open(fresh_url)
     with database.engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
-    with pytest.raises(errors.Unavailable, match="newer than this gctl"):
+    with pytest.raises(errors.Incompatible, match="newer than this gctl"):
         db.Database.open(fresh_url)
     database.close()
