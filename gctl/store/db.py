@@ -54,7 +54,12 @@ class Database:
                 )
             self.sqlite_path = Path(parsed.database)
             self.notify_path = locations.notify_path(self.sqlite_path)
-            _prepare_sqlite_file(self.sqlite_path)
+            try:
+                _prepare_sqlite_file(self.sqlite_path)
+            except OSError as exc:  # not a path a file can be made at: no retry helps
+                raise errors.Invalid(
+                    f"--db: cannot create {self.sqlite_path}: {exc.strerror or exc}"
+                ) from None
             self._turns = writers.Turns(locations.writers_path(self.sqlite_path))
             self.engine: Engine = create_engine(url)
             event.listen(self.engine, "connect", _sqlite_on_connect)

@@ -1224,6 +1224,20 @@ def test_unreachable_postgres_fails_in_one_line(tmp_path: Path, url: str, argv: 
     assert "s3cret" not in line
 
 
+@pytest.mark.parametrize("argv", [["get", "jobs"], ["controller", "run"]])
+def test_a_sqlite_path_no_file_can_be_made_at_fails_in_one_line(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """Review: `--db /proc/nope/x.db` printed FileNotFoundError's traceback."""
+    result = run(argv, {**os.environ, "GCTL_DB": "/proc/nope/x.db"}, tmp_path, timeout=30)
+
+    assert result.code == 1
+    assert (
+        error_line(result)
+        == "error: --db: cannot create /proc/nope/x.db: No such file or directory"
+    )
+
+
 # -- concurrency -----------------------------------------------------------------------------
 
 
