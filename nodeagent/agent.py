@@ -55,7 +55,9 @@ class Agent:
         self.db = database
         self.name = node_name
         self.backend = backend
-        self.instance = ownership.new_instance(heartbeat_seconds, clock())
+        self.instance = ownership.new_instance(
+            heartbeat_seconds, fence_seconds, grace_seconds, clock()
+        )
         # Before anything touches the state directory: a second agent for it stops here.
         self._state_lock = ownership.StateLock(state_dir, node_name, self.instance.id)
         self.runtime = runtime.Runtime(state_dir)

@@ -17,7 +17,10 @@ Whether the other agent is gone is never read from its heartbeat's time, written
 host's clock: that is only enough to refuse at once. Otherwise this agent watches the stored
 heartbeat on its own monotonic clock, as the controller times nodes out: one that moves is
 alive (refused), one that stood still for the other agent's whole silence window (three of its
-heartbeats, at least 10 s) is taken over. So hosts' clocks need not agree.
+heartbeats, at least 10 s) and, where longer, until its jobs are sure to have been stopped by
+their fence (`AgentInstance.gone_after`: its --fence-after, --grace-period and one heartbeat)
+is taken over: the attempts it ran are then reported lost and run again, and must not still
+run on its host. So hosts' clocks need not agree.
 """
 
 import contextlib
@@ -80,13 +83,17 @@ class StateLock:
             self._fd = None
 
 
-def new_instance(heartbeat_seconds: float, now: datetime) -> node.AgentInstance:
+def new_instance(
+    heartbeat_seconds: float, fence_seconds: float, grace_seconds: float, now: datetime
+) -> node.AgentInstance:
     return node.AgentInstance(
         id=uuid.uuid4().hex,
         hostname=socket.gethostname(),
         pid=os.getpid(),
         started=now,
         heartbeat_seconds=heartbeat_seconds,
+        fence_seconds=fence_seconds,
+        grace_seconds=grace_seconds,
     )
 
 
@@ -172,7 +179,7 @@ def claim(
             raise
     if stop is None:
         return False
-    window = theirs.instance.silent_after()
+    window = theirs.instance.gone_after()
     log.warning(
         "node %s: agent on host %s pid %d last beat at %s; waiting up to %gs to see whether it "
         "is alive",

@@ -65,17 +65,34 @@ SILENT_MIN_S = 10.0
 
 class AgentInstance(meta.Model):
     """The agent process that heartbeats a Node: one at a time, as one kubelet per node. A
-    second agent for the node refuses to start while this one's heartbeat is fresh."""
+    second agent for the node refuses a Node whose heartbeat looks fresh, and takes it over
+    only once the heartbeat stood still for `gone_after` (nodeagent/ownership.py)."""
 
     id: str  # random, new at every start
     hostname: str
     pid: int
     started: datetime
     heartbeat_seconds: float  # how often it heartbeats: how soon its silence means it is gone
+    # Its --fence-after and --grace-period: how long its jobs may outlive its last heartbeat.
+    # None in a record of an agent older than these fields (and a fence of 0: none).
+    fence_seconds: float | None = None
+    grace_seconds: float | None = None
 
     def silent_after(self) -> float:
         """Seconds without a heartbeat after which this agent is taken to be gone."""
         return max(SILENT_AFTER_BEATS * self.heartbeat_seconds, SILENT_MIN_S)
+
+    def gone_after(self) -> float:
+        """Seconds without a heartbeat after which neither this agent nor its jobs run: its
+        silence window, or, where longer, its fence (its supervisors stop the jobs once its
+        lease, renewed after each heartbeat, is that old), their grace period (SIGTERM, then
+        SIGKILL) and one more heartbeat's interval for the stop to be recorded. Another agent
+        that took the Node over sooner would report those attempts lost while they still run
+        on the silent agent's host, and their Jobs would run twice."""
+        if not self.fence_seconds:
+            return self.silent_after()
+        outlive = self.fence_seconds + (self.grace_seconds or 0.0) + self.heartbeat_seconds
+        return max(self.silent_after(), outlive)
 
 
 class NodeStatus(meta.Model):

@@ -36,13 +36,19 @@ class Agents:
         state: str,
         clock: datetime | Callable[[], datetime] = NOW,
         heartbeat_seconds: float = 10,
+        fence_seconds: float = 0,
+        grace_seconds: float = 10,
     ) -> agent.Agent:
+        """An agent with no fence unless asked (it runs no jobs here): taken over at its
+        silence window alone."""
         made = agent.Agent(
             self.database,
             "nb",
             gpus.FakeGPUs(1),
             self.tmp_path / state,
             heartbeat_seconds=heartbeat_seconds,
+            fence_seconds=fence_seconds,
+            grace_seconds=grace_seconds,
             clock=clock if callable(clock) else lambda: clock,
         )
         self.made.append(made)
@@ -142,6 +148,26 @@ def test_a_silent_agent_is_taken_over_once_watched_and_stops_if_it_comes_back(
     first.clock = lambda: back_at
     with pytest.raises(ownership.Taken, match="another agent is running for it"):
         first.heartbeat()
+    assert _instance(database) == second.instance
+
+
+def test_a_silent_agent_is_taken_over_only_once_its_fence_has_stopped_its_jobs(
+    agents: Agents, database: db.Database, short_silence: None
+) -> None:
+    """A silent agent's jobs run until its fence and their grace period are over: its Node
+    is not taken over before then (and one heartbeat more), though its silence window ended
+    long before; the new agent would report those attempts lost, and their Jobs would run
+    again beside them."""
+    first = agents("host-a", heartbeat_seconds=SHORT_BEAT, fence_seconds=1.0, grace_seconds=0.5)
+    first.claim()
+    first.heartbeat()
+    stored = _instance(database)
+    assert stored is not None
+    assert (stored.fence_seconds, stored.grace_seconds) == (1.0, 0.5)
+    second = agents("host-b", clock=NOW + timedelta(seconds=31))
+    began = time.monotonic()
+    assert second.claim(threading.Event())
+    assert time.monotonic() - began >= 1.0 + 0.5 + SHORT_BEAT > SHORT_SILENCE
     assert _instance(database) == second.instance
 
 
