@@ -22,6 +22,7 @@ from gctl.api import errors, names
 
 if TYPE_CHECKING:
     from controller import sync as syncer
+    from gctl.store import db
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,9 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[threading.Event], None]:
-    from gctl.store import db
+def _agent_runner(
+    opened: "_Opened", db_url: str | None, options: AgentOptions
+) -> Callable[[threading.Event], None]:
     from nodeagent import agent, gpus
 
     node_name = options.node_name or socket.gethostname().split(".")[0].lower()
@@ -112,7 +114,7 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
     backend, how = gpus.detect(options.fake_gpus, options.gpu_model, options.gpu_memory)
     state_dir = (options.state_dir or agent.default_state_dir(node_name)).resolve()
     the_agent = agent.Agent(
-        db.Database.open(db_url),
+        opened.database(db_url),
         node_name,
         backend,
         state_dir,
@@ -133,9 +135,8 @@ def _agent_runner(db_url: str | None, options: AgentOptions) -> Callable[[thread
 
 
 def _virtual_runner(
-    db_url: str | None, options: VirtualOptions
+    opened: "_Opened", db_url: str | None, options: VirtualOptions
 ) -> Callable[[threading.Event], None]:
-    from gctl.store import db
     from nodeagent import virtual
 
     try:
@@ -143,7 +144,7 @@ def _virtual_runner(
     except ValueError as exc:
         raise errors.Invalid(f"--name-prefix: {exc}") from None
     return virtual.VirtualAgent(
-        db.Database.open(db_url),
+        opened.database(db_url),
         nodes=options.nodes,
         gpus_per_node=options.gpus_per_node,
         name_prefix=options.name_prefix,
@@ -156,12 +157,12 @@ def _virtual_runner(
 
 
 def _controller_runner(
-    db_url: str | None, node_timeout: float, backoff: float
+    opened: "_Opened", db_url: str | None, node_timeout: float, backoff: float
 ) -> Callable[[threading.Event], None]:
     from controller import manager
     from gctl.store import db
 
-    database = db.Database.open(db_url)
+    database = opened.database(db_url)
     logging.getLogger("gctl.controller").info("controller on %s", db.display_url(database.url))
     return manager.Controller(
         database,
@@ -181,7 +182,32 @@ Runners = list[tuple[str, Callable[[threading.Event], None]]]
 START_RETRY_S = 2.0  # between tries to reach a database that is not there yet
 
 
-def _built(build: Callable[[], Runners], stop: threading.Event) -> Runners:
+class _Opened:
+    """The databases one try at building the parts opened. A try that fails closes them: the
+    parts are built again every START_RETRY_S while the database is away, and each try would
+    otherwise leave its engines, and their connections, behind (a controller's, where the
+    agent built after it failed)."""
+
+    def __init__(self) -> None:
+        self.databases: list[db.Database] = []
+
+    def database(self, db_url: str | None) -> "db.Database":
+        from gctl.store import db
+
+        opened = db.Database.open(db_url)
+        self.databases.append(opened)
+        return opened
+
+    def close(self) -> None:
+        for database in self.databases:
+            database.close()
+        self.databases.clear()
+
+
+Build = Callable[[_Opened], Runners]
+
+
+def _built(build: Build, stop: threading.Event) -> Runners:
     """The parts, built once the database answers: a host that boots before its database
     server, or a server restarting, is waited for (said once a minute), not an exit. A stop
     meanwhile builds nothing: the parts are none."""
@@ -189,15 +215,19 @@ def _built(build: Callable[[], Runners], stop: threading.Event) -> Runners:
 
     said = failures.FailureLog(logging.getLogger("gctl"))
     while not stop.is_set():
+        opened = _Opened()
         try:
-            return build()
-        except errors.Unavailable as exc:
+            return build(opened)
+        except BaseException as exc:
+            opened.close()
+            if not isinstance(exc, errors.Unavailable):
+                raise
             said.failed("starting", exc)
             stop.wait(START_RETRY_S)
     return []
 
 
-def _run(build: Callable[[], Runners], *, jobs_outlive: bool = False) -> None:
+def _run(build: Build, *, jobs_outlive: bool = False) -> None:
     """Build the parts and run them in threads until a signal, or until one of them fails;
     then stop them all. `jobs_outlive`: an agent is among them, whose jobs go on running
     without it. The signals are handled from the start: one that comes while the parts are
@@ -261,10 +291,10 @@ def up(
 ) -> None:
     _logging()
     _run(
-        lambda: [
-            ("controller", _controller_runner(db_url, node_timeout, backoff)),
-            ("agent", _agent_runner(db_url, options)),
-            *(_sync_runner(db_url, sync_options, None) for sync_options in syncs),
+        lambda opened: [
+            ("controller", _controller_runner(opened, db_url, node_timeout, backoff)),
+            ("agent", _agent_runner(opened, db_url, options)),
+            *(_sync_runner(opened, db_url, sync_options, None) for sync_options in syncs),
         ],
         jobs_outlive=True,
     )
@@ -278,9 +308,9 @@ def controller(
 ) -> None:
     _logging()
     _run(
-        lambda: [
-            ("controller", _controller_runner(db_url, node_timeout, backoff)),
-            *(_sync_runner(db_url, options, None) for options in syncs),
+        lambda opened: [
+            ("controller", _controller_runner(opened, db_url, node_timeout, backoff)),
+            *(_sync_runner(opened, db_url, options, None) for options in syncs),
         ]
     )
 
@@ -326,14 +356,14 @@ def _print_report(line: str, is_error: bool) -> None:
 
 
 def _sync_runner(
+    opened: _Opened,
     db_url: str | None,
     options: "syncer.Options",
     report: "syncer.Report | None",
 ) -> tuple[str, Callable[[threading.Event], None]]:
     from controller import sync as syncer
-    from gctl.store import db
 
-    the_sync = syncer.Syncer(db.Database.open(db_url), options, report=report or syncer.log_report)
+    the_sync = syncer.Syncer(opened.database(db_url), options, report=report or syncer.log_report)
     return f"sync-{options.name}", the_sync.run
 
 
@@ -342,7 +372,7 @@ def sync(db_url: str | None, options: "syncer.Options", watch: bool) -> None:
     --watch, passes until Ctrl-C or SIGTERM (exit 0)."""
     if watch:
         _logging()
-        _run(lambda: [_sync_runner(db_url, options, _print_report)])
+        _run(lambda opened: [_sync_runner(opened, db_url, options, _print_report)])
         return
     from controller import sync as syncer
     from gctl.store import db
@@ -358,9 +388,9 @@ def sync(db_url: str | None, options: "syncer.Options", watch: bool) -> None:
 
 def agent(db_url: str | None, options: AgentOptions) -> None:
     _logging()
-    _run(lambda: [("agent", _agent_runner(db_url, options))], jobs_outlive=True)
+    _run(lambda opened: [("agent", _agent_runner(opened, db_url, options))], jobs_outlive=True)
 
 
 def virtual_agent(db_url: str | None, options: VirtualOptions) -> None:
     _logging()
-    _run(lambda: [("agent", _virtual_runner(db_url, options))])
+    _run(lambda opened: [("agent", _virtual_runner(opened, db_url, options))])

@@ -324,7 +324,7 @@ def prompt(stop):  # started once SIGTERM and SIGINT are handled
     stop.wait()
 
 daemons._logging()
-daemons._run(lambda: [("prompt", prompt), ("controller", stuck)])
+daemons._run(lambda opened: [("prompt", prompt), ("controller", stuck)])
 print("the interpreter's exit", flush=True)
 """
 
