@@ -3,6 +3,7 @@ node agent hands them to a supervisor (runtime.Launch)."""
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,11 +11,11 @@ from gctl.api import binding, errors, job, names
 from nodeagent import runtime
 
 
-def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
+def command_argv(spec: job.JobSpec, gpu_list: str, environ: Mapping[str, str]) -> list[str]:
     """What to exec: a lone `.sh` path (a one-element list, or a string of one word) with bash,
     whether or not it is executable, as the schedulers gctl replaces ran their `.sh` jobs; any
     other string with /bin/sh -c. `{gpus}` in an argument becomes the GPU list, and condaEnv
-    wraps it all in `conda run`."""
+    wraps it all in `conda run`, found as the command is, in the job's environment `environ`."""
     if isinstance(spec.command, str):
         command = spec.command.replace("{gpus}", gpu_list)
         words = command.split()
@@ -24,13 +25,31 @@ def command_argv(spec: job.JobSpec, gpu_list: str) -> list[str]:
     if len(argv) == 1 and argv[0].endswith(".sh"):
         argv = ["bash", *argv]
     if spec.conda_env:
-        conda = shutil.which("conda")
-        if conda is None:
-            raise errors.Invalid(
-                f"spec.condaEnv {spec.conda_env!r}: conda is not on this node's PATH"
-            )
-        argv = [conda, "run", "-n", spec.conda_env, "--no-capture-output", *argv]
+        argv = [
+            _conda(spec.conda_env, environ),
+            "run",
+            "-n",
+            spec.conda_env,
+            "--no-capture-output",
+            *argv,
+        ]
     return argv
+
+
+def _conda(name: str, environ: Mapping[str, str]) -> str:
+    """The conda executable: on the job's PATH (the agent's, or the one its `env` sets), else
+    where the job's CONDA_EXE says, as conda's own shell hooks find it. A daemon started outside
+    an initialised shell (systemd, cron) has neither, and a Job can then name it in `env`."""
+    found = shutil.which("conda", path=environ.get("PATH", os.defpath))
+    if found is not None:
+        return found
+    exe = environ.get("CONDA_EXE", "")
+    if exe and os.access(exe, os.X_OK):
+        return exe
+    raise errors.Invalid(
+        f"spec.condaEnv {name!r}: conda is not on the job's PATH on this node, nor is CONDA_EXE "
+        "set to it: set spec.env PATH or CONDA_EXE"
+    )
 
 
 def _lone_script(word: str) -> bool:
@@ -68,7 +87,6 @@ def launch_for(
         except ValueError as exc:
             raise errors.Invalid(f"{field}: {exc}") from None
     gpu_list = ",".join(str(g) for g in bound.spec.gpus)
-    argv = command_argv(owner.spec, gpu_list)
     env = (
         dict(os.environ)
         | {name: value.replace("{gpus}", gpu_list) for name, value in owner.spec.env.items()}
@@ -81,6 +99,7 @@ def launch_for(
             "GCTL_NODE": settings.node_name,
         }
     )
+    argv = command_argv(owner.spec, gpu_list, env)
     grace = owner.spec.termination_grace_period_seconds
     warning = owner.spec.stop_warning
     return runtime.Launch(

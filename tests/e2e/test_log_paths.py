@@ -97,7 +97,8 @@ def test_an_attempt_that_was_never_launched_reports_no_log(
 ) -> None:
     """A Job that cannot start on this node (here: its conda environment, without conda) has
     no log to point at: `gctl logs` says why it never started instead of printing nothing."""
-    monkeypatch.setattr(launches.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(launches.shutil, "which", lambda _name, path=None: None)
+    monkeypatch.delenv("CONDA_EXE", raising=False)
     built = make_job("noconda").command("true").build()
     built.spec.conda_env = "torch"
     n1.bind(built)

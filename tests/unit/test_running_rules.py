@@ -48,7 +48,7 @@ def test_exit_codes_read_like_a_shell(returncode: int, expected: tuple[int, str 
 )
 def test_command_argv(command: list[str] | str, argv: list[str]) -> None:
     spec = make_job("j").build().spec.model_copy(update={"command": command})
-    assert launches.command_argv(spec, "0,1") == argv
+    assert launches.command_argv(spec, "0,1", {}) == argv
 
 
 def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
@@ -71,11 +71,43 @@ def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
     )
 
 
-def test_conda_env_without_conda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
+def test_conda_env_without_conda_is_a_clear_error() -> None:
     spec = make_job("j").build().spec.model_copy(update={"conda_env": "torch"})
-    with pytest.raises(errors.Invalid, match="condaEnv 'torch': conda is not on this node"):
-        launches.command_argv(spec, "0")
+    with pytest.raises(errors.Invalid, match="condaEnv 'torch': conda is not on the job's PATH"):
+        launches.command_argv(spec, "0", {"PATH": "/nonexistent"})
+
+
+def _fake_conda(directory: Path) -> Path:
+    directory.mkdir()
+    conda = directory / "conda"
+    conda.write_text("#!/bin/sh\n")
+    conda.chmod(0o755)
+    return conda
+
+
+def test_conda_is_found_on_the_path_the_job_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conda the agent's PATH lacks (a daemon started by systemd) but the Job's `env` names,
+    in PATH or in conda's own CONDA_EXE, runs the job, as the command itself is looked up."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    conda = _fake_conda(tmp_path / "bin")
+    owner = make_job("j").command("python", "t.py").in_namespace("default").build()
+    owner.spec.conda_env = "torch"
+    wrapped = [str(conda), "run", "-n", "torch", "--no-capture-output", "python", "t.py"]
+    node = runtime.Runtime(tmp_path / "state")
+    try:
+        for env in ({"PATH": f"/nonexistent:{conda.parent}"}, {"CONDA_EXE": str(conda)}):
+            owner.spec.env = env
+            launch = launches.launch_for(
+                node,
+                launches.Settings("node-1", 30.0, None, 0.0),
+                make_binding("j", "n", [0]),
+                owner,
+            )
+            assert launch.argv == wrapped
+    finally:
+        node.close()
 
 
 def test_an_attempt_that_ends_while_its_state_is_read_is_not_lost(
