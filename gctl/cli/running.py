@@ -132,6 +132,10 @@ def run(
     node: str | None = None,
     gpu_ids: str | None = None,
     from_node: bool = False,
+    depends_on: list[str] | None = None,
+    backoff_limit: str | None = None,
+    conda_env: str | None = None,
+    gpu_env: str | None = None,
 ) -> None:
     from gctl.store import db
 
@@ -161,6 +165,17 @@ def run(
         spec["env"] = _pairs("--env", env)
     if pool is not None:
         spec["pool"] = pool
+    # The fields the schedulers gctl replaces took on their command lines: retries, a conda
+    # environment, Ascend's device variable, and Slurm's --dependency=afterok.
+    if depends_on:
+        spec["dependsOn"] = [n for given in depends_on for n in given.split(",") if n]
+    for field, value in (
+        ("backoffLimit", _number(backoff_limit)),
+        ("condaEnv", conda_env),
+        ("gpuEnv", gpu_env),
+    ):
+        if value is not None:
+            spec[field] = value
     metadata: dict[str, Any] = {"name": name or _generated_name(), "namespace": where}
     if labels:
         metadata["labels"] = _pairs("-l", [p for given in labels for p in given.split(",")])

@@ -77,6 +77,26 @@ def run(
         list[str] | None, typer.Option("--env", help="KEY=VALUE in the environment (repeatable).")
     ] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="The GPUPool to run in.")] = None,
+    depends_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--depends-on",
+            help="Start once these Jobs or Sweeps have succeeded (repeatable, or a,b).",
+        ),
+    ] = None,
+    backoff_limit: Annotated[
+        str | None, typer.Option("--backoff-limit", help="Retries after a failure (default 0).")
+    ] = None,
+    conda_env: Annotated[
+        str | None, typer.Option("--conda-env", help="Run inside this conda environment.")
+    ] = None,
+    gpu_env: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-env",
+            help="The variable that carries the GPU list, e.g. ASCEND_RT_VISIBLE_DEVICES.",
+        ),
+    ] = None,
     node: Annotated[str | None, typer.Option("--node", help="Run on this node only.")] = None,
     gpu_ids: Annotated[
         str | None,
@@ -111,6 +131,10 @@ def run(
         priority=priority,
         env=env or [],
         pool=pool,
+        depends_on=depends_on or [],
+        backoff_limit=backoff_limit,
+        conda_env=conda_env,
+        gpu_env=gpu_env,
         labels=labels or [],
         attach=attach,
         db_url=db,

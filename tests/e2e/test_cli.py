@@ -1336,6 +1336,31 @@ def test_run_with_a_profile(gctl: Gctl, database: db.Database) -> None:
     assert rows[0][:3] == ["serve", "Pending", "qwen2.5-7b-inst"]
 
 
+def test_run_takes_what_the_old_schedulers_took_on_their_command_lines(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """Retries, a conda environment, Ascend's device variable and a pipeline's order, as
+    `scheduler.py add --conda`, `submit x.yaml@0,1` and `sbatch --dependency` took them."""
+    argv = ["run", "--name", "eval", "--depends-on", "train", "--depends-on", "merge,prep"]
+    argv += ["--backoff-limit", "3", "--conda-env", "torch", "--gpu-env"]
+    out = gctl.ok(*argv, "ASCEND_RT_VISIBLE_DEVICES", "--", "python", "eval.py")
+
+    assert out == "job.gctl/eval created\n"
+    spec = stored(database)["eval"]["spec"]
+    assert (spec["dependsOn"], spec["backoffLimit"], spec["condaEnv"], spec["gpuEnv"]) == (
+        ["train", "merge", "prep"],
+        3,
+        "torch",
+        "ASCEND_RT_VISIBLE_DEVICES",
+    )
+    done = gctl("run", "--name", "bad", "--backoff-limit", "-1", "--", "true")
+    assert (done.code, error_line(done)) == (
+        1,
+        'error: Job "bad": spec.backoffLimit: must be greater than or equal to 0',
+    )
+    assert "bad" not in stored(database)
+
+
 def test_an_object_stored_in_a_form_gctl_refuses_is_named_in_one_line(
     gctl: Gctl, database: db.Database
 ) -> None:
