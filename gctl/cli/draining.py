@@ -111,11 +111,7 @@ def resolve(targets: list[Target], nodes: dict[str, node.Node]) -> list[Target]:
                     "no nodes yet: start an agent (gctl up, or gctl agent run on each GPU host)"
                 )
             if len(nodes) > 1:
-                first = sorted(nodes)[0]
-                raise errors.Invalid(
-                    f"gpu{target.gpu}: several nodes: say {first}/gpu{target.gpu} "
-                    f"(nodes: {_names(nodes)})"
-                )
+                raise _ambiguous(target.gpu, nodes)
             name = next(iter(nodes))
         found = nodes.get(name)
         if found is None:
@@ -128,6 +124,19 @@ def resolve(targets: list[Target], nodes: dict[str, node.Node]) -> list[Target]:
             raise errors.NotFound(f'node "{name}" has no GPU {target.gpu} ({has})')
         resolved.append(Target(name, target.gpu))
     return list(dict.fromkeys(resolved))
+
+
+def _ambiguous(gpu: int | None, nodes: dict[str, node.Node]) -> errors.GctlError:
+    """A bare `gpuN` among several nodes: the example to copy names a node that has GPU N,
+    since nodes of different sizes need not all have it."""
+    having = sorted(
+        n for n, found in nodes.items() if any(g.index == gpu for g in found.status.gpus)
+    )
+    if not having:
+        return errors.NotFound(f"gpu{gpu}: no node has GPU {gpu} (nodes: {_names(nodes)})")
+    return errors.Invalid(
+        f"gpu{gpu}: several nodes: say {having[0]}/gpu{gpu} (nodes: {_names(nodes)})"
+    )
 
 
 # -- the new specs: pure -----------------------------------------------------------------------

@@ -83,6 +83,17 @@ def test_resolve_refuses(
     assert says in str(raised.value)
 
 
+def test_a_bare_gpu_among_several_nodes_is_shown_on_a_node_that_has_it() -> None:
+    """Nodes of different sizes: the example to copy must name a node with that GPU."""
+    nodes = {"a-small": _node("a-small", gpus=2), "b-big": _node("b-big", gpus=8)}
+    with pytest.raises(errors.Invalid) as raised:
+        draining.resolve([Target(None, 5)], nodes)
+    assert str(raised.value) == "gpu5: several nodes: say b-big/gpu5 (nodes: a-small, b-big)"
+    with pytest.raises(errors.NotFound) as missing:
+        draining.resolve([Target(None, 9)], nodes)
+    assert str(missing.value) == "gpu9: no node has GPU 9 (nodes: a-small, b-big)"
+
+
 def test_resolve_lists_a_few_nodes_only() -> None:
     nodes = {f"n{i:02}": _node(f"n{i:02}") for i in range(20)}
     with pytest.raises(errors.Invalid) as raised:
