@@ -12,12 +12,12 @@ fast.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, kinds, queue, selector
+from gctl.api import errors, fields, kinds, queue, selector
 from gctl.cli import fitting, printers, views
 from gctl.store import bulk, listing, locations
 
@@ -151,7 +151,7 @@ def with_views(db_url: str | None, kind: str, wires: list[views.Wire]) -> list[v
 
 def _print_pages(
     pages: Iterator[list[dict[str, Any]]],
-    label_selector: selector.Selector | None,
+    keep: Callable[[views.Wire], bool] | None,
     info: kinds.KindInfo,
     where: str | None,
     show_labels: bool,
@@ -167,9 +167,7 @@ def _print_pages(
     )
     printed = False
     for page in pages:
-        shown = page
-        if label_selector is not None:
-            shown = [w for w in page if label_selector.matches(w["metadata"].get("labels", {}))]
+        shown = page if keep is None else [w for w in page if keep(w)]
         if shown:
             lines = table.lines(shown, datetime.now(UTC), header=not printed)
             sys.stdout.writelines(line + "\n" for line in lines)
@@ -191,6 +189,23 @@ class GetFlags:
     watch_only: bool
     show_labels: bool
     db_url: str | None
+    field_selector_text: str | None = None
+
+
+def _selection(info: kinds.KindInfo, flags: GetFlags) -> Callable[[views.Wire], bool] | None:
+    """Which objects to show, by their labels (-l) and fields (--field-selector); None: all."""
+    labels = selector.parse(flags.selector_text) if flags.selector_text else None
+    text = flags.field_selector_text
+    by_field = fields.parse(text, info) if text else None
+    if labels is None and by_field is None:
+        return None
+
+    def keep(wire: views.Wire) -> bool:
+        if labels is not None and not labels.matches(wire["metadata"].get("labels", {})):
+            return False
+        return by_field is None or by_field.matches(wire)
+
+    return keep
 
 
 def get(*, resource: str, names: list[str], flags: GetFlags) -> None:
@@ -247,18 +262,17 @@ def _get_documents(
 def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
     output, db_url = flags.output, flags.db_url
     following = flags.watch or flags.watch_only
-    text = flags.selector_text
-    label_selector = selector.parse(text) if text else None
+    keep = _selection(info, flags)
     where = scope(info, flags.namespace, flags.all_namespaces)
     if output == "" and not names and not following and info is kinds.JOB:
         pages = listing.read_pages(locations.resolve_url(db_url), info, where)
         if pages is not None:
-            _print_pages(pages, label_selector, info, where, flags.show_labels)
+            _print_pages(pages, keep, info, where, flags.show_labels)
             return
     snapshot = list_kind(db_url, info, where, names or None)
     wires = with_named_default(info, snapshot.wires, names, filled=output in ("yaml", "json"))
-    if label_selector is not None:
-        wires = [w for w in wires if label_selector.matches(w["metadata"].get("labels", {}))]
+    if keep is not None:
+        wires = [w for w in wires if keep(w)]
     missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
     table = None
     if output in ("", "wide"):
@@ -271,7 +285,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
         )
     if table is not None:
         if info is kinds.JOB and output == "wide":
-            whole = where is None and not names and label_selector is None
+            whole = where is None and not names and keep is None
             every = wires if whole else list_kind(db_url, kinds.JOB, None, None).wires
             number_queue(
                 wires,
@@ -279,7 +293,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
                 list_kind(db_url, kinds.GPUPOOL, None, None).wires,
                 lambda kind, ns, its: list_kind(db_url, kind, ns, its).wires,
             )
-        if info is kinds.GPUPOOL and not names and label_selector is None:
+        if info is kinds.GPUPOOL and not names and keep is None:
             wires = views.with_implicit_default(wires)
         wires = with_views(db_url, info.kind, wires)
     if not flags.watch_only:
@@ -302,7 +316,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
             kind=info.kind,
             revision=snapshot.revision,
             where=where,
-            label_selector=label_selector,
+            keep=keep,
             names=set(names),
             output=output,
             table=table,
@@ -316,7 +330,7 @@ def _watch(
     kind: str,
     revision: int,
     where: str | None,
-    label_selector: selector.Selector | None,
+    keep: Callable[[views.Wire], bool] | None,
     names: set[str],
     output: str,
     table: printers.Table | None,
@@ -330,10 +344,7 @@ def _watch(
                 for c in batch
                 if (where is None or c.namespace == where)
                 and (not names or c.name in names)
-                and (
-                    label_selector is None
-                    or label_selector.matches(c.object["metadata"].get("labels", {}))
-                )
+                and (keep is None or keep(c.object))
             ]
             if not wires:
                 continue

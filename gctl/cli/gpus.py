@@ -34,11 +34,14 @@ def get_gpus(
     watch_only: bool,
     show_labels: bool,
     db_url: str | None,
+    field_selector: str | None = None,
 ) -> None:
     from gctl.cli import getting
 
     if show_labels:
         raise errors.Invalid("get gpus: --show-labels is for stored kinds; select nodes with -l")
+    if field_selector is not None:
+        raise errors.Invalid("get gpus: --field-selector is for stored kinds; name the nodes")
     if output not in ("", "wide", "yaml", "json"):
         raise errors.Invalid(f"-o {output}: gpus print as a table, wide, yaml or json")
     following = watch or watch_only

@@ -156,6 +156,12 @@ def get(
     show_labels: Annotated[
         bool, typer.Option("--show-labels", help="Add a LABELS column.")
     ] = False,
+    field_selector: Annotated[
+        str | None,
+        typer.Option(
+            "--field-selector", help="By field, e.g. status.phase!=Succeeded,spec.pool=a100."
+        ),
+    ] = None,
     db: DbOpt = None,
 ) -> None:
     """List objects, or stream their changes with -w. `gctl get gpus` lists every GPU."""
@@ -170,6 +176,7 @@ def get(
             watch_only=watch_only,
             show_labels=show_labels,
             db_url=db,
+            field_selector=field_selector,
         )
         return
     from gctl.cli import getting
@@ -183,6 +190,7 @@ def get(
         watch_only=watch_only,
         show_labels=show_labels,
         db_url=db,
+        field_selector_text=field_selector,
     )
     getting.get(resource=resource, names=names or [], flags=flags)
 

@@ -300,6 +300,40 @@ def test_get_jobs_table(
         assert max(len(line) for line in out.splitlines()) <= 100
 
 
+def _finish(database: db.Database, name: str, phase: str) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        done = writer.get(job.Job, name)
+        done.status.phase = phase
+        writer.update_status(done)
+
+
+def test_get_jobs_by_field_shows_the_queue_as_squeue_does(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """The finished Jobs of a long sweep crowd the list: `status.phase!=...` leaves the queue,
+    in every output (the table is printed page by page, -o name and yaml from one read)."""
+    seed(database, make_job("done"), make_job("failed"), make_job("running"), make_job("queued"))
+    _finish(database, "done", "Succeeded")
+    _finish(database, "failed", "Failed")
+    mark_running(database, "running")
+    selector = "status.phase!=Succeeded,status.phase!=Failed"
+
+    _, rows = table(gctl.ok("get", "jobs", "--field-selector", selector))
+    assert [(row[0], row[1]) for row in rows] == [("queued", "Pending"), ("running", "Running")]
+    by_name = gctl.ok("get", "jobs", "--field-selector", "status.phase==Running", "-o", "name")
+    assert by_name == "job.gctl/running\n"
+    wide = gctl.ok("get", "jobs", "--field-selector", "status.phase=Failed", "-o", "wide")
+    assert [row[0] for row in table(wide)[1]] == ["failed"]
+    done = gctl("get", "jobs", "--field-selector", "status.phse=Running")
+    assert (done.code, error_line(done)) == (
+        1,
+        "error: --field-selector 'status.phse=Running': jobs have no field status.phse to select"
+        " by (use metadata.name, metadata.namespace, spec.pool, status.phase, status.node,"
+        " status.reason)",
+    )
+
+
 def test_get_of_several_kinds_prints_a_table_for_each(gctl: Gctl, database: db.Database) -> None:
     seed(database, EXAMPLES)
 

@@ -1,8 +1,8 @@
-"""Label selectors as kubectl parses them."""
+"""Label selectors and field selectors as kubectl parses them."""
 
 import pytest
 
-from gctl.api import errors, selector
+from gctl.api import errors, fields, kinds, selector
 
 LABELS = {"team": "nlp", "env": "prod", "tier": "gold"}
 
@@ -44,3 +44,26 @@ def test_labels_stored_in_a_form_gctl_refuses_match_as_far_as_they_are_text() ->
     assert selector.parse("!a").matches(["a"])
     assert not selector.parse("a in (b)").matches({"a": ["b"]})
     assert selector.parse("a!=b,a").matches({"a": ["b"]})
+
+
+@pytest.mark.parametrize(
+    ("text", "matched"),
+    [
+        ("status.phase=Running", ["running"]),
+        ("status.phase==Running,metadata.name!=running", []),
+        ("status.node=", ["pending"]),  # no value matches the empty string, as in Kubernetes
+        ("status.node!=", ["running"]),
+        ("spec.pool=default", ["pending", "running"]),
+    ],
+)
+def test_field_selectors(text: str, matched: list[str]) -> None:
+    wires = [
+        {"metadata": {"name": "pending"}, "spec": {"pool": "default"}, "status": {}},
+        {
+            "metadata": {"name": "running"},
+            "spec": {"pool": "default"},
+            "status": {"phase": "Running", "node": "n1"},
+        },
+    ]
+    chosen = fields.parse(text, kinds.JOB)
+    assert [w["metadata"]["name"] for w in wires if chosen.matches(w)] == matched
