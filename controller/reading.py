@@ -506,13 +506,12 @@ def _request_or_invalid(w: Wire, world: World) -> placement.Request:
 def _pin_mismatch(
     pinned: tuple[int, ...], gpus: float, profile_name: str | None
 ) -> tuple[str, str] | None:
-    wanted = 1 if 0 < gpus < 1 else int(gpus)
-    if len(pinned) == wanted:
+    problem = job.pin_problem(len(pinned), gpus)
+    if problem is None:
         return None
     return (
         job.REASON_UNSCHEDULABLE,
-        f"spec.placement.gpus lists {len(pinned)} GPU(s) but GPUProfile {profile_name} asks "
-        f"for {quantity.format_gpus(gpus)}: list exactly {wanted}",
+        f"spec.placement.gpus lists {len(pinned)} GPU(s) but GPUProfile {profile_name} {problem}",
     )
 
 

@@ -157,7 +157,9 @@ def signal_name(value: str) -> str:
 
 
 class Placement(meta.Model):
-    """Pinning: run on this node and/or these GPU indices."""
+    """Pinning: run on this node and/or on these GPU indices. As many GPUs as the Job asks for
+    pin it to them; more are the GPUs it may use, the scheduler choosing among them (the
+    allowed-GPU lists of the schedulers gctl replaces, `0-3` for a 1-GPU job)."""
 
     node: meta.DNSSubdomain | None = None
     gpus: list[Annotated[int, Field(ge=0)]] | None = None
@@ -206,11 +208,10 @@ class JobSpec(meta.Model):
         if resources.gpus is None and resources.profile is not None:
             return placement  # the profile decides the count; the scheduler checks the pin
         count = resources.gpu_count()
-        wanted = 1 if 0 < count < 1 else int(count)
-        if len(placement.gpus) != wanted:
+        problem = pin_problem(len(placement.gpus), count)
+        if problem is not None:
             raise ValueError(
-                f"gpus lists {len(placement.gpus)} GPU(s) but resources.gpus asks for "
-                f"{quantity.format_gpus(count)}: list exactly {wanted}"
+                f"gpus lists {len(placement.gpus)} GPU(s) but resources.gpus {problem}"
             )
         return placement
 
@@ -220,6 +221,17 @@ class JobSpec(meta.Model):
         if len(set(names)) != len(names):
             raise ValueError("names a Job twice")
         return names
+
+
+def pin_problem(listed: int, count: float) -> str | None:
+    """What is wrong with `listed` pinned GPU indices for a Job of `count` GPUs, or None: it
+    needs at least as many as it asks for (a fraction one), and a CPU-only Job none."""
+    wanted = 1 if 0 < count < 1 else int(count)
+    if wanted == 0 and listed:
+        return "asks for 0: list none"
+    if listed < wanted:
+        return f"asks for {quantity.format_gpus(count)}: list at least {wanted}"
+    return None
 
 
 class JobStatus(meta.Model):

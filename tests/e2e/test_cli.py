@@ -692,7 +692,7 @@ def bad_list_item() -> str:
         ),
         bad(
             "pinned-gpus-mismatch",
-            job_yaml("bad", resources={"gpus": 1}, placement={"gpus": [0, 1]}),
+            job_yaml("bad", resources={"gpus": 2}, placement={"gpus": [0]}),
             "document 1",
             "spec.placement",
         ),

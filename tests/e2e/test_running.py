@@ -291,6 +291,17 @@ def test_run_pins_to_the_gpu_ids_and_node_given(gctl: Gctl, cluster: list[str]) 
     assert "--gpu-ids '0,x': 'x' is not a GPU index" in line
 
 
+def test_run_on_one_of_the_gpus_it_may_use(gctl: Gctl, cluster: list[str]) -> None:
+    """An allowed-GPU list, as `0-3` in a line of the old jobs.txt: more GPU ids than --gpus
+    asks for are the ones it may use; GPU 0 is busy, so it runs on GPU 1."""
+    gctl.ok("run", "--name", "hold", "--gpu-ids", "0", "--", "sleep", "60")
+    poll(lambda: "Running" in gctl.ok("get", "jobs", "hold"), "hold to run")
+    argv = ["run", "--attach", "--gpus", "1", "--gpu-ids", "0-1", "--", "sh", "-c"]
+    result = gctl(*argv, "echo $CUDA_VISIBLE_DEVICES", timeout=DEADLINE)
+    assert (result.code, result.out) == (0, "1\n"), result.err
+    gctl.ok("delete", "job", "hold")
+
+
 @SQLITE_ONLY
 @pytest.mark.parametrize(
     ("gpus", "complaint"),

@@ -115,7 +115,14 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         (_job("{command: x, env: {1A: b}}"), "spec.env.1A:"),
         (_job("{command: x, dependsOn: [a, a]}"), "spec.dependsOn: names a Job twice"),
         (_job("{command: x, dependsOn: [a, h]}"), 'Job "h"): spec.dependsOn[1]: names this Job'),
-        (_job("{command: x, placement: {gpus: [0, 1]}}"), "spec.placement: gpus lists 2"),
+        (
+            _job("{command: x, resources: {gpus: 2}, placement: {gpus: [3]}}"),
+            "spec.placement: gpus lists 1 GPU(s) but resources.gpus asks for 2: list at least 2",
+        ),
+        (
+            _job("{command: x, resources: {gpus: 0}, placement: {gpus: [0]}}"),
+            "spec.placement: gpus lists 1 GPU(s) but resources.gpus asks for 0: list none",
+        ),
         (_job("{command: x, backoffLimit: -1}"), "spec.backoffLimit:"),
         (
             _job("{command: x, activeDeadlineSeconds: 300000000000}"),

@@ -55,7 +55,7 @@ def test_a_missing_profile_and_a_pin_that_no_longer_matches_are_problems() -> No
     mismatch = reading.request_of(pinned, world(llm=LLM)).problem
     assert mismatch == (
         "Unschedulable",
-        "spec.placement.gpus lists 1 GPU(s) but GPUProfile llm asks for 2: list exactly 2",
+        "spec.placement.gpus lists 1 GPU(s) but GPUProfile llm asks for 2: list at least 2",
     )
 
 
