@@ -250,9 +250,11 @@ _MESSAGES = {
 
 
 def first_error(exc: pydantic.ValidationError, prefix: str) -> str:
-    """pydantic's first error in one line: `prefix`, the field's path, what is wrong."""
+    """pydantic's first error in one line: `prefix`, the field's path, what is wrong. An
+    unknown field comes first: a misspelt field (`comand`) is also a required one missing, and
+    the misspelling is what to fix."""
     errs = exc.errors(include_url=False)
-    first = errs[0]
+    first = next((e for e in errs if e["type"] == "extra_forbidden"), errs[0])
     path = _path(first["loc"])
     message = _MESSAGES.get(first["type"]) or _message(first["msg"])
     part = first.get("ctx", {}).get("error")

@@ -150,7 +150,7 @@ def test_a_served_error_is_one_line_and_a_nonzero_exit(local: Gctl) -> None:
     assert result.code == 1
     assert result.err.startswith("error: bad.yaml")
     assert result.err.count("\n") == 1
-    assert "spec.command" in result.err
+    assert "spec.comand: unknown field" in result.err
     assert local.ok("get", "jobs", "-o", "name") == ""
 
 

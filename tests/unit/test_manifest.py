@@ -142,6 +142,7 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
         (_job('{command: x, env: {A: "\\0"}}'), "spec.env.A: contains a NUL character"),
         (_job("{}"), "spec.command: required field is missing"),
+        (_job("{comand: x}"), "spec.comand: unknown field (and 1 more)"),
         ("apiVersion: gctl/v1\nkind: Jobz\nmetadata: {name: h}\n", "kind 'Jobz' is not a kind"),
         ("kind: Job\nmetadata: {name: h}\n", "apiVersion is missing"),
         ("apiVersion: gctl/v1\nkind: Job\nkind: Job\n", "line 7, column 1: invalid YAML: key"),
