@@ -8,6 +8,7 @@ top level imports no SQLAlchemy and no pydantic: `gctl --help` must stay fast.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -134,6 +135,7 @@ def run(
     from_node: bool = False,
     depends_on: list[str] | None = None,
     backoff_limit: str | None = None,
+    time_limit: str | None = None,
     conda_env: str | None = None,
     gpu_env: str | None = None,
 ) -> None:
@@ -166,7 +168,12 @@ def run(
     if pool is not None:
         spec["pool"] = pool
     # The fields the schedulers gctl replaces took on their command lines: retries, a conda
-    # environment, Ascend's device variable, and Slurm's --dependency=afterok.
+    # environment, Ascend's device variable, a session timeout (srun's --time), and Slurm's
+    # --dependency=afterok.
+    if time_limit is not None:
+        from gctl.cli import waiting
+
+        spec["activeDeadlineSeconds"] = math.ceil(waiting.parse_timeout(time_limit, "--time"))
     if depends_on:
         spec["dependsOn"] = [n for given in depends_on for n in given.split(",") if n]
     for field, value in (

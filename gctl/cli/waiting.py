@@ -24,21 +24,21 @@ _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_timeout(text: str) -> float:
-    """`30s`, `10m`, `1h30m`, `500ms`, or a bare number of seconds."""
+def parse_timeout(text: str, flag: str = "--timeout") -> float:
+    """`30s`, `10m`, `1h30m`, `500ms`, or a bare number of seconds, given with `flag`."""
     try:
         seconds = float(text)
     except ValueError:
         parts = _DURATION.findall(text)
         if not parts or "".join(n + u for n, u in parts) != text:
             raise errors.Invalid(
-                f"--timeout {text!r}: use a duration such as 30s, 10m, 1h, or seconds"
+                f"{flag} {text!r}: use a duration such as 30s, 10m, 1h, or seconds"
             ) from None
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if not math.isfinite(seconds) or seconds < 0:
-        raise errors.Invalid(f"--timeout {text!r}: must be a duration of zero or more")
+        raise errors.Invalid(f"{flag} {text!r}: must be a duration of zero or more")
     if seconds > quantity.MAX_DURATION_SECONDS:  # a thread waits at most ~292 years
-        raise errors.Invalid(f"--timeout {text!r}: must be at most a year (365d)")
+        raise errors.Invalid(f"{flag} {text!r}: must be at most a year (365d)")
     return seconds
 
 

@@ -87,6 +87,13 @@ def run(
     backoff_limit: Annotated[
         str | None, typer.Option("--backoff-limit", help="Retries after a failure (default 0).")
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            help="Stop and fail it after running this long, as srun --time: 30m, 2h, 1d.",
+        ),
+    ] = None,
     conda_env: Annotated[
         str | None, typer.Option("--conda-env", help="Run inside this conda environment.")
     ] = None,
@@ -133,6 +140,7 @@ def run(
         pool=pool,
         depends_on=depends_on or [],
         backoff_limit=backoff_limit,
+        time_limit=time_limit,
         conda_env=conda_env,
         gpu_env=gpu_env,
         labels=labels or [],

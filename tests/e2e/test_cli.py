@@ -1373,10 +1373,11 @@ def test_run_with_a_profile(gctl: Gctl, database: db.Database) -> None:
 def test_run_takes_what_the_old_schedulers_took_on_their_command_lines(
     gctl: Gctl, database: db.Database
 ) -> None:
-    """Retries, a conda environment, Ascend's device variable and a pipeline's order, as
-    `scheduler.py add --conda`, `submit x.yaml@0,1` and `sbatch --dependency` took them."""
+    """Retries, a conda environment, Ascend's device variable, a time limit and a pipeline's
+    order, as `scheduler.py add --conda`, `submit x.yaml@0,1`, `srun --time` and `sbatch
+    --dependency` took them."""
     argv = ["run", "--name", "eval", "--depends-on", "train", "--depends-on", "merge,prep"]
-    argv += ["--backoff-limit", "3", "--conda-env", "torch", "--gpu-env"]
+    argv += ["--backoff-limit", "3", "--conda-env", "torch", "--time", "1h30m", "--gpu-env"]
     out = gctl.ok(*argv, "ASCEND_RT_VISIBLE_DEVICES", "--", "python", "eval.py")
 
     assert out == "job.gctl/eval created\n"
@@ -1386,6 +1387,12 @@ def test_run_takes_what_the_old_schedulers_took_on_their_command_lines(
         3,
         "torch",
         "ASCEND_RT_VISIBLE_DEVICES",
+    )
+    assert spec["activeDeadlineSeconds"] == 5400
+    done = gctl("run", "--name", "bad", "--time", "soon", "--", "true")
+    assert (done.code, error_line(done)) == (
+        1,
+        "error: --time 'soon': use a duration such as 30s, 10m, 1h, or seconds",
     )
     done = gctl("run", "--name", "bad", "--backoff-limit", "-1", "--", "true")
     assert (done.code, error_line(done)) == (
