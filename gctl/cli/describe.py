@@ -17,7 +17,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, event, kinds, queue
+from gctl.api import errors, event, kinds, quantity, queue
 from gctl.cli import cells, fitting, getting, views
 
 if TYPE_CHECKING:
@@ -30,6 +30,9 @@ _WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _ACRONYMS = {"Gpu": "GPU", "Gpus": "GPUs", "Uid": "UID", "Ttl": "TTL", "Id": "ID"}
 _LABEL_MAPS = frozenset({"labels", "annotations", "nodeLabels"})  # printed `k=v,...`
 _USER_KEYS = frozenset({"env", "matrix"})  # maps whose keys print as written
+# Fields stored as bytes (a Node's GPU memory, a Binding's gpuMemory): `80Gi`, as `get gpus`
+# shows them; `-o yaml` keeps the exact count.
+_BYTES = frozenset({"memoryTotal", "memoryUsed", "usedMemory", "gpuMemory"})
 
 
 def title(key: str) -> str:
@@ -56,7 +59,10 @@ def _tree(value: Any, indent: int, width: int, *, as_written: bool = False) -> l
                     lines.extend(_tree(element, indent + 1, width))
                     lines.append("")
             else:
-                lines.extend(_wrapped(f"{pad}{label.ljust(column)}", _scalar(item), width))
+                text = _scalar(item)
+                if key in _BYTES and isinstance(item, int) and not isinstance(item, bool):
+                    text = quantity.format_bytes(item)
+                lines.extend(_wrapped(f"{pad}{label.ljust(column)}", text, width))
     else:
         lines.extend(_wrapped(pad, _scalar(value), width))
     return lines

@@ -569,6 +569,26 @@ def test_describe_wraps_long_messages_and_keeps_the_users_keys() -> None:
     assert " ".join(wrapped) == FAILED * 2
 
 
+def test_describe_shows_memory_in_binary_units() -> None:
+    """A Node's GPUs as NVML reports them in bytes: read as `get gpus` shows them."""
+    gpu = {"index": 0, "memoryTotal": 80 * 2**30, "memoryUsed": 0, "utilization": 0}
+    process = {"pid": 7, "usedMemory": 3 * 2**29}
+    wire = {
+        "apiVersion": "gctl/v1",
+        "kind": "Node",
+        "metadata": {"name": "n1"},
+        "spec": {},
+        "status": {"gpus": [gpu | {"foreignProcesses": [process]}]},
+    }
+
+    lines = [line.split() for line in describe.render(wire, [], NOW).splitlines()]
+
+    assert ["Memory", "Total:", "80Gi"] in lines
+    assert ["Memory", "Used:", "0"] in lines
+    assert ["Used", "Memory:", "1.5Gi"] in lines
+    assert ["Utilization:", "0"] in lines
+
+
 def test_the_width_is_the_terminals_and_100_through_a_pipe() -> None:
     import fcntl
     import os
