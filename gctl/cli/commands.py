@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, kinds, selector
+from gctl.api import errors, fields, kinds, selector
 from gctl.cli import getting, printers
 from gctl.store import bulk, locations
 
@@ -117,6 +117,7 @@ def delete(
     wait: bool,
     db_url: str | None,
     all_namespaces: bool = False,
+    field_selector_text: str | None = None,
 ) -> None:
     from gctl.store import db, store
 
@@ -125,7 +126,7 @@ def delete(
         names=names,
         files=files,
         recursive=recursive,
-        selector_text=selector_text,
+        selected=bool(selector_text or field_selector_text),
         all_=all_,
         namespace=namespace,
         all_namespaces=all_namespaces,
@@ -136,7 +137,7 @@ def delete(
 
     def work(writer: store.Store) -> tuple[list[tuple[Any, bool]], list[str]]:
         done, missing = [], []
-        for info, name, where in _expand(writer, targets, selector_text, all_):
+        for info, name, where in _expand(writer, targets, selector_text, field_selector_text, all_):
             try:
                 done.append(writer.delete(kinds.model(info.kind), name, where))
             except errors.NotFound as exc:
@@ -164,13 +165,14 @@ def _delete_targets(
     names: list[str],
     files: list[str],
     recursive: bool,
-    selector_text: str | None,
+    selected: bool,
     all_: bool,
     namespace: str | None,
     all_namespaces: bool = False,
 ) -> list[Target]:
-    """What to delete: named objects, or (name None) every object of a kind that the selector
-    or --all picks, in one namespace or, with -A, in all of them (namespace None)."""
+    """What to delete: named objects, or (name None) every object of a kind that a selector
+    (`selected`: -l or --field-selector) or --all picks, in one namespace or, with -A, in all
+    of them (namespace None)."""
     if all_namespaces and (files or names or "/" in (resource or "")):
         raise errors.Invalid("-A/--all-namespaces goes with KIND -l SELECTOR or KIND --all")
     if files:
@@ -192,14 +194,20 @@ def _delete_targets(
     ]
     if named:
         return named
-    if not (all_ or selector_text):
+    if not (all_ or selected):
         plural = " and ".join(info.plural for info, _ in groups)
-        raise errors.Invalid(f"name the {plural} to delete, or use -l SELECTOR or --all")
+        raise errors.Invalid(
+            f"name the {plural} to delete, or use -l SELECTOR, --field-selector F or --all"
+        )
     return [(info, None, getting.scope(info, namespace, all_namespaces)) for info, _ in groups]
 
 
 def _expand(
-    reader: store.Store, targets: list[Target], selector_text: str | None, all_: bool
+    reader: store.Store,
+    targets: list[Target],
+    selector_text: str | None,
+    field_selector_text: str | None,
+    all_: bool,
 ) -> list[tuple[kinds.KindInfo, str, str | None]]:
     expanded = []
     for info, name, where in targets:
@@ -207,7 +215,10 @@ def _expand(
             expanded.append((info, name, where))
             continue
         label_selector = selector.parse(selector_text) if selector_text and not all_ else None
+        by_field = fields.parse(field_selector_text, info) if field_selector_text else None
         for wire in reader.list_wire(kinds.model(info.kind), where, label_selector):
+            if by_field is not None and not all_ and not by_field.matches(wire):
+                continue
             metadata = wire["metadata"]
             expanded.append((info, metadata["name"], metadata.get("namespace", where)))
     return expanded

@@ -215,6 +215,10 @@ def delete(
     ] = None,
     recursive: RecursiveOpt = False,
     selector: SelectorOpt = None,
+    field_selector: Annotated[
+        str | None,
+        typer.Option("--field-selector", help="By field, e.g. status.phase=Failed."),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every object of the kind.")] = False,
     namespace: NamespaceOpt = None,
     all_namespaces: AllNamespacesOpt = False,
@@ -226,7 +230,7 @@ def delete(
     ] = True,
     db: DbOpt = None,
 ) -> None:
-    """Delete objects by name, by manifest, by label selector or all of a kind."""
+    """Delete objects by name, by manifest, by label or field selector, or all of a kind."""
     from gctl.cli import commands
 
     commands.delete(
@@ -235,6 +239,7 @@ def delete(
         files=filename or [],
         recursive=recursive,
         selector_text=selector,
+        field_selector_text=field_selector,
         all_=all_,
         namespace=namespace,
         ignore_not_found=ignore_not_found,

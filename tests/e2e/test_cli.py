@@ -334,6 +334,25 @@ def test_get_jobs_by_field_shows_the_queue_as_squeue_does(
     )
 
 
+def test_delete_by_field_clears_the_failed_jobs_only(gctl: Gctl, database: db.Database) -> None:
+    seed(database, make_job("done"), make_job("failed-a"), make_job("failed-b"), make_job("queued"))
+    _finish(database, "done", "Succeeded")
+    _finish(database, "failed-a", "Failed")
+    _finish(database, "failed-b", "Failed")
+
+    out = gctl.ok("delete", "jobs", "--field-selector", "status.phase=Failed")
+
+    assert out.splitlines() == ['job.gctl "failed-a" deleted', 'job.gctl "failed-b" deleted']
+    assert sorted(stored(database)) == ["done", "queued"]
+    done = gctl("delete", "jobs", "--field-selector", "spec.phase=Failed")
+    assert (done.code, error_line(done)) == (
+        1,
+        "error: --field-selector 'spec.phase=Failed': jobs have no field spec.phase to select"
+        " by (use metadata.name, metadata.namespace, spec.pool, status.phase, status.node,"
+        " status.reason)",
+    )
+
+
 def test_get_of_several_kinds_prints_a_table_for_each(gctl: Gctl, database: db.Database) -> None:
     seed(database, EXAMPLES)
 
