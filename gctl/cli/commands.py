@@ -251,10 +251,11 @@ def _wait_gone(database: db.Database, revision: int, left: dict[str | None, Any]
             finally:
                 timer.cancel()
             stop.clear()
+            whose = "its" if len(left) == 1 else "their"
             why = (
                 f"{time.monotonic() - started:.0f}s so far"
                 if notes
-                else "the controller stops their attempts first (is the controller running?)"
+                else f"the controller stops {whose} attempts first (is the controller running?)"
             )
             notes += 1
             print(f"waiting for {_named(left)} to be deleted: {why}", file=sys.stderr, flush=True)

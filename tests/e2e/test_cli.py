@@ -1542,7 +1542,7 @@ def test_delete_that_waits_for_the_controller_says_so(gctl: Gctl, database: db.D
         assert process.stdout.readline() == 'job.gctl "busy" deleted\n'
         said = process.stderr.readline()  # after a second
         assert said == (
-            'waiting for job.gctl "busy" to be deleted: the controller stops their attempts '
+            'waiting for job.gctl "busy" to be deleted: the controller stops its attempts '
             "first (is the controller running?)\n"
         )
         assert process.poll() is None  # still waiting
