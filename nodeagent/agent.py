@@ -101,16 +101,19 @@ class Agent:
         another agent holds it and is alive. True once it is this agent's; False where that
         means watching the other one's heartbeat and there is no `stop` to watch with, or
         `stop` was set meanwhile (`ownership.claim`)."""
-        predecessor = self._state_lock.predecessor
+        predecessors = self._state_lock.predecessors
 
         def take(silent: ownership.Held | None) -> None:
             now = self.clock()
-            heartbeat.claim(self.db, self.name, self.instance, predecessor, now, silent=silent)
+            heartbeat.claim(self.db, self.name, self.instance, predecessors, now, silent=silent)
 
         def read() -> ownership.Held | None:
-            return heartbeat.held(self.db, self.name, self.instance, predecessor)
+            return heartbeat.held(self.db, self.name, self.instance, predecessors)
 
-        return ownership.claim(self.name, take, read, self.clock, stop)
+        if not ownership.claim(self.name, take, read, self.clock, stop):
+            return False
+        self._state_lock.claimed()
+        return True
 
     def heartbeat(self) -> None:
         """Register or refresh this Node: GPUs as discovered now, heartbeat, Ready; said once
@@ -123,7 +126,7 @@ class Agent:
             discovered,
             self.clock(),
             instance=self.instance,
-            predecessor=self._state_lock.predecessor,
+            predecessors=self._state_lock.predecessors,
         )
         self.lease.touch()  # only after the heartbeat is in the database
         said = json.dumps(unread.spec, sort_keys=True) if unread is not None else None
@@ -137,8 +140,8 @@ class Agent:
     def abandon(self) -> None:
         """After a claim that failed: stop the runtime's helpers and let go of the state
         directory, so that the agent built again in this process (`gctl agent run` waiting
-        for its database) can take it. The Node is left as it is: this instance, named in the
-        state directory's lock file, is the next one's predecessor."""
+        for its database) can take it. The Node is left as it is: this instance and those
+        before it, named in the state directory's lock file, are the next one's predecessors."""
         self.runtime.close()
         self._state_lock.release()
 

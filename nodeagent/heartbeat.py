@@ -49,7 +49,7 @@ def claim(
     database: db.Database,
     name: str,
     instance: node.AgentInstance,
-    predecessor: str | None,
+    predecessors: frozenset[str],
     now: datetime,
     *,
     silent: ownership.Held | None = None,
@@ -60,7 +60,7 @@ def claim(
 
     def work(writer: store.Store) -> None:
         current, unread = _current(writer, name)
-        ownership.check(current, instance, predecessor, now, silent=silent)
+        ownership.check(current, instance, predecessors, now, silent=silent)
         if current is not None:
             current.status.agent_instance = instance
             current.status.heartbeat_time = now
@@ -70,12 +70,12 @@ def claim(
 
 
 def held(
-    database: db.Database, name: str, instance: node.AgentInstance, predecessor: str | None
+    database: db.Database, name: str, instance: node.AgentInstance, predecessors: frozenset[str]
 ) -> ownership.Held | None:
     """Another agent's hold on the Node, as stored now (`ownership.held`)."""
     with database.read() as session:
         current, _ = _current(store.Store(session), name)
-    return ownership.held(current, instance, predecessor)
+    return ownership.held(current, instance, predecessors)
 
 
 def release(database: db.Database, name: str, instance: node.AgentInstance) -> None:
@@ -100,7 +100,7 @@ def beat(
     now: datetime,
     *,
     instance: node.AgentInstance | None = None,
-    predecessor: str | None = None,
+    predecessors: frozenset[str] = frozenset(),
 ) -> SpecUnread | None:
     """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready. With the
     agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile.
@@ -110,7 +110,7 @@ def beat(
     def work(writer: store.Store) -> SpecUnread | None:
         current, unread = _current(writer, name)
         if instance is not None:
-            ownership.check(current, instance, predecessor, now)
+            ownership.check(current, instance, predecessors, now)
         if current is None:
             current = writer.create(node.Node(metadata=meta.ObjectMeta(name=name, labels=labels)))
             writer.record_event(

@@ -8,9 +8,11 @@ start a job twice, or stop the other's jobs).
 - Across hosts (the same --node-name, other state directories, one database): every heartbeat
   records the agent's instance in the Node's status (`AgentInstance`: a random id, host, pid,
   start). An agent refuses a Node that another instance holds, and stops if it finds one at a
-  heartbeat (it was taken over). The instance that last held this state directory, named in
-  its lock file, is this agent's own predecessor, dead since its lock is ours: never a rival;
-  an agent that stops cleanly lets go of the Node. The check and the write are one
+  heartbeat (it was taken over). The instances that held this state directory before, named
+  in its lock file, are this agent's own predecessors, dead since its lock is ours: never
+  rivals. The file keeps every one of them until an agent's claim of the Node commits, so
+  that one killed between taking the lock and claiming does not hide the one the Node still
+  names. An agent that stops cleanly lets go of the Node. The check and the write are one
   compare-and-set, so of two agents that start together one wins and the other refuses.
 
 Whether the other agent is gone is never read from its heartbeat's time, written by another
@@ -55,7 +57,8 @@ class Taken(errors.AlreadyExists):
 
 class StateLock:
     """The flock on a state directory's `agent.lock`, held until `release` or the process's
-    end. The file says which instance holds it (`predecessor`: the one that held it before)."""
+    end. The file's first line says which instance holds it (id and pid); the lines after it
+    name the instances that held it before (`predecessors`), until `claimed`."""
 
     def __init__(self, state_dir: Path, node_name: str, instance_id: str) -> None:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -73,9 +76,26 @@ class StateLock:
                 f"node {node_name}: another agent{pid} is running with state directory "
                 f"{state_dir}; stop it first (one agent per node)"
             ) from None
-        self.predecessor = next(iter(_read(self._fd).split()), None)
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{instance_id} {os.getpid()}\n".encode(), 0)
+        # Every instance the file names is dead (or stopped): the lock is ours. The Node may
+        # name any of them: one killed before its claim committed never replaced the one
+        # before it there, so all are kept until this agent's claim commits.
+        lines = _read(self._fd).splitlines()
+        self.predecessors = frozenset(line.split()[0] for line in lines if line.split())
+        self._mine = f"{instance_id} {os.getpid()}\n"
+        self._write(self._mine + "".join(f"{p}\n" for p in sorted(self.predecessors)))
+
+    def claimed(self) -> None:
+        """The Node names this agent now: the instances before it need no longer be named."""
+        if self._fd is not None:
+            self._write(self._mine)
+
+    def _write(self, text: str) -> None:
+        """Written over, then cut to size: a kill between the two leaves every predecessor
+        named (the text either covers the old one or begins with all it still needs)."""
+        assert self._fd is not None
+        data = text.encode()
+        os.pwrite(self._fd, data, 0)
+        os.ftruncate(self._fd, len(data))
 
     def release(self) -> None:
         if self._fd is not None:
@@ -117,12 +137,12 @@ class Held(NamedTuple):
 
 
 def held(
-    current: node.Node | None, ours: node.AgentInstance, predecessor: str | None
+    current: node.Node | None, ours: node.AgentInstance, predecessors: frozenset[str]
 ) -> Held | None:
-    """Another agent's hold on the Node: None when it is this agent's, its own predecessor's
-    (dead: its lock is ours), or no one's (never heartbeated, or let go of)."""
+    """Another agent's hold on the Node: None when it is this agent's, one of its own
+    predecessors' (dead: their lock is ours), or no one's (never heartbeated, or let go of)."""
     theirs = current.status.agent_instance if current is not None else None
-    if current is None or theirs is None or theirs.id in (ours.id, predecessor):
+    if current is None or theirs is None or theirs.id == ours.id or theirs.id in predecessors:
         return None
     return Held(theirs, current.status.heartbeat_time)
 
@@ -130,7 +150,7 @@ def held(
 def check(
     current: node.Node | None,
     ours: node.AgentInstance,
-    predecessor: str | None,
+    predecessors: frozenset[str],
     now: datetime,
     *,
     silent: Held | None = None,
@@ -138,7 +158,7 @@ def check(
     """Taken (naming the other agent) if another agent holds the Node, whatever its
     heartbeat's time says: only the hold `silent`, which this agent watched stand still for
     its whole silence window (`claim`), may be taken over, and only while it has not moved."""
-    theirs = held(current, ours, predecessor)
+    theirs = held(current, ours, predecessors)
     if theirs is None or (silent is not None and silent.same(theirs)):
         return
     assert current is not None
@@ -226,5 +246,5 @@ def _at(when: datetime | None) -> str:
 
 def _read(fd: int) -> str:
     with contextlib.suppress(OSError):
-        return os.pread(fd, 200, 0).decode(errors="replace")
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
     return ""

@@ -90,6 +90,24 @@ def test_an_agent_whose_predecessor_died_on_its_state_directory_starts_at_once(
     assert _instance(database) == restarted.instance
 
 
+def test_an_agent_killed_before_its_claim_does_not_block_the_next_one(
+    agents: Agents, database: db.Database
+) -> None:
+    """Chaos QA: `gctl up` killed with SIGKILL again and again, one of them after it locked the
+    state directory but before its claim committed. The Node still named the agent before it,
+    which the lock file no longer did: the next restart was refused as "another agent", at
+    once, its predecessor's heartbeat being fresh, and the node stayed without an agent."""
+    crashed = agents("state")
+    crashed.claim()
+    crashed.heartbeat()
+    crashed._state_lock.release()  # killed
+    agents("state")._state_lock.release()  # killed before its claim
+    restarted = agents("state")
+    restarted.claim()
+    restarted.heartbeat()
+    assert _instance(database) == restarted.instance
+
+
 def test_an_agent_of_another_host_refuses_a_node_whose_heartbeat_is_fresh(
     agents: Agents, database: db.Database
 ) -> None:
@@ -220,12 +238,12 @@ def test_a_heartbeat_that_moved_since_it_was_watched_is_not_taken_over(
     first.claim()
     first.heartbeat()
     second = agents("host-b", clock=NOW + SKEW)
-    watched = heartbeat.held(database, "nb", second.instance, None)
+    watched = heartbeat.held(database, "nb", second.instance, frozenset())
     assert watched is not None
     assert watched.instance == first.instance
     first.heartbeat()
     with pytest.raises(ownership.Taken, match="another agent is running for it"):
-        heartbeat.claim(database, "nb", second.instance, None, NOW + SKEW, silent=watched)
+        heartbeat.claim(database, "nb", second.instance, frozenset(), NOW + SKEW, silent=watched)
     assert _instance(database) == first.instance
 
 
