@@ -113,6 +113,9 @@ class Agent:
         if not ownership.claim(self.name, take, read, self.clock, stop):
             return False
         self._state_lock.claimed()
+        # The claim wrote this agent's heartbeat: the attempts its first pass starts, before
+        # its first `heartbeat`, must not find the lease a dead predecessor left and fence.
+        self.lease.touch()
         return True
 
     def heartbeat(self) -> None:

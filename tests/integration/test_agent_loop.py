@@ -2,9 +2,10 @@
 does a failed heartbeat make it spin; and stored objects that do not validate (an older gctl,
 a hand edit in the database) make it fail closed: an attempt whose Binding it cannot read
 still holds its GPUs while it runs here, and a Node whose spec it cannot read keeps beating
-but takes no new attempt."""
+but takes no new attempt. An agent back from a long outage does not fence what it starts."""
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -298,3 +299,29 @@ def test_the_agent_says_when_an_armed_attempt_started_and_what_it_adopted(
     _run_loop(again, 0.5)
     assert "node n1: 1 attempt(s) still running here: adopted" in caplog.messages
     assert _phase_here(again, y) == "running"
+
+
+def test_an_attempt_started_right_after_a_long_outage_is_not_fenced(
+    database: db.Database, tmp_path: Path
+) -> None:
+    """Chaos QA: an agent back after an outage longer than its fence starts its first attempts
+    (`_settle_lost`'s pass) before its first heartbeat; the lease was still the one its dead
+    predecessor left, so each of them was stopped as Fenced 0.2 s into its run."""
+    node_agent = agent.Agent(database, "n1", gpus.FakeGPUs(1), tmp_path / "state", fence_seconds=30)
+    try:
+        node_agent.lease.touch()
+        long_ago = time.time() - 120  # the predecessor's last heartbeat
+        os.utime(node_agent.lease, (long_ago, long_ago))
+        with database.write() as session:
+            writer = store.Store(session)
+            owner = writer.create(make_job("train").command("sleep", "1").build())
+            bound = bind_first_attempt(writer, owner, "n1", [0], [])
+        node_agent.claim()
+        node_agent.sync()
+        uid, deadline = bound.metadata.uid or "", time.monotonic() + WAIT
+        while (state := node_agent.runtime.state(uid)).phase != "exited":
+            assert time.monotonic() < deadline, "the job did not end"
+            time.sleep(0.05)
+        assert (state.exit_code, state.reason) == (0, None)
+    finally:
+        node_agent.close()
