@@ -1,8 +1,9 @@
 """Fixtures shared by every test folder: databases on both dialects and the `gctl` command.
 
 PostgreSQL comes from GCTL_TEST_PG (an admin URL; default: the local server CI provides). Each
-run makes one migrated template database and every test gets a fresh copy, dropped afterwards.
-Set GCTL_TEST_PG=skip to run without PostgreSQL; otherwise an unreachable server is an error.
+run makes one migrated template database and every test gets a fresh copy, dropped afterwards;
+the copies are made ahead and dropped behind the tests, in a thread (`Clones`). Set
+GCTL_TEST_PG=skip to run without PostgreSQL; otherwise an unreachable server is an error.
 
 The `gctl` commands of one test session share a command server of their own (gctl/cli/client.py)
 in a directory of the session's, stopped when the session ends.
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,12 +74,118 @@ def pg_template() -> Iterator[str]:
     _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+class Clones:
+    """Copies of the template database, made ahead of the tests that take them by one thread
+    and dropped after them by another: `CREATE DATABASE ... TEMPLATE` takes 0.2 s on an idle
+    2-core machine and seconds on a busy one, as `DROP DATABASE` does, and a test waits for
+    none of it but its first copy, or a copy that a run of short tests left unmade.
+
+    A copy the server refuses to make fails every test that would take one; one it refuses to
+    drop fails the session's end, which names it."""
+
+    AHEAD = 3
+
+    def __init__(self, template: str) -> None:
+        self._template = template
+        self._ready: list[str] = []
+        self._doomed: list[str] = []
+        self._refused: psycopg.Error | None = None  # a copy the server did not make
+        self._left: list[str] = []  # copies the server did not drop, and why
+        self._closing = False  # no more copies are made
+        self._closed = False  # no more copies are dropped
+        self._changed = threading.Condition()
+        self._maker = threading.Thread(target=self._make_ahead, daemon=True)
+        self._dropper = threading.Thread(target=self._drop_behind, daemon=True)
+        self._maker.start()
+        self._dropper.start()
+
+    def take(self) -> str:
+        with self._changed:
+            self._changed.wait_for(lambda: self._ready or self._refused)
+            if self._refused is not None:
+                pytest.fail(f"PostgreSQL at {PG_ADMIN}: {self._refused}")
+            name = self._ready.pop(0)
+            self._changed.notify_all()
+            return name
+
+    def drop(self, name: str) -> None:
+        with self._changed:
+            self._doomed.append(name)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Drop every copy, those made ahead included, and end both threads."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._maker.join()
+        with self._changed:
+            self._doomed += self._ready
+            self._ready.clear()
+            self._closed = True
+            self._changed.notify_all()
+        self._dropper.join()
+        if self._left:
+            pytest.fail(f"PostgreSQL at {PG_ADMIN} left databases behind: {self._left}")
+
+    def _make_ahead(self) -> None:
+        try:
+            conn = psycopg.connect(PG_ADMIN, autocommit=True)
+        except psycopg.Error as exc:
+            self._refuse(exc)
+            return
+        with conn:
+            while True:
+                with self._changed:
+                    self._changed.wait_for(lambda: self._closing or len(self._ready) < self.AHEAD)
+                    if self._closing or self._refused is not None:
+                        return
+                name = f"gctl_t_{uuid.uuid4().hex[:10]}"
+                try:
+                    conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}"')
+                except psycopg.Error as exc:
+                    self._refuse(exc)
+                    return
+                with self._changed:
+                    self._ready.append(name)
+                    self._changed.notify_all()
+
+    def _drop_behind(self) -> None:
+        try:
+            conn = psycopg.connect(PG_ADMIN, autocommit=True)
+        except psycopg.Error as exc:
+            self._left.append(f"every copy ({exc})")
+            return
+        with conn:
+            while True:
+                with self._changed:
+                    self._changed.wait_for(lambda: self._doomed or self._closed)
+                    if not self._doomed:
+                        return
+                    name = self._doomed.pop(0)
+                try:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                except psycopg.Error as exc:
+                    self._left.append(f"{name} ({exc})")
+
+    def _refuse(self, error: psycopg.Error) -> None:
+        with self._changed:
+            self._refused = error
+            self._changed.notify_all()
+
+
+@pytest.fixture(scope="session")
+def pg_clones(pg_template: str) -> Iterator[Clones]:
+    clones = Clones(pg_template)
+    yield clones
+    clones.close()
+
+
 @pytest.fixture
-def pg_url(pg_template: str) -> Iterator[str]:
-    name = f"gctl_t_{uuid.uuid4().hex[:10]}"
-    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+def pg_url(pg_clones: Clones) -> Iterator[str]:
+    name = pg_clones.take()
     yield _pg_url(name)
-    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    pg_clones.drop(name)
 
 
 @pytest.fixture
