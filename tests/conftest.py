@@ -5,11 +5,15 @@ run makes one migrated template database and every test gets a fresh copy, dropp
 the copies are made ahead and dropped behind the tests, in a thread (`Clones`). Set
 GCTL_TEST_PG=skip to run without PostgreSQL; otherwise an unreachable server is an error.
 
+A test's SQLite `database` is a copy of a file migrated once per run (per xdist worker), as its
+PostgreSQL one is a copy of the template; `db_url` alone gives a path where no file is yet.
+
 The `gctl` commands of one test session share a command server of their own (gctl/cli/client.py)
 in a directory of the session's, stopped when the session ends.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,8 +210,19 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per run, for `database` to copy: migrating takes longer
+    than most tests that use it (Alembic walks every migration)."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "gctl.db"
+    db.Database.open(str(path)).close()  # closed: the last connection folds the WAL in
+    return path
+
+
 @pytest.fixture
-def database(db_url: str) -> Iterator[db.Database]:
+def database(db_url: str, request: pytest.FixtureRequest) -> Iterator[db.Database]:
+    if "://" not in db_url:  # the file mode comes along: 0600, as gctl creates it
+        shutil.copy(request.getfixturevalue("sqlite_template"), db_url)
     database = db.Database.open(db_url)
     yield database
     database.close()
