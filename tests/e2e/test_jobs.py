@@ -1,7 +1,8 @@
 """Jobs run for real: the controller and node agents as separate processes, real job processes,
 real signals. Fake GPUs only (the GPU boundary).
 
-Waits poll `gctl get` every 0.1 s up to a generous timeout; nothing asserts on speed.
+Waits poll `gctl get`, less often the longer they wait, up to a generous timeout; nothing
+asserts on speed.
 """
 
 import json
@@ -94,12 +95,18 @@ class Cluster:
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    """Call `check` until it returns something true; fail after `timeout`. The calls start
+    0.05 s apart and draw apart to 0.5 s: a check is mostly a `gctl get`, 40-50 ms of CPU on a
+    2-core machine, and tests that poll every 0.1 s for seconds on end (a node's timeout, a
+    fence) take from the daemons they wait on much of the CPU they need to get there."""
     deadline = time.monotonic() + timeout
+    pause = 0.05
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
 
