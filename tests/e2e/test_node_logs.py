@@ -134,12 +134,28 @@ def test_a_large_log_arrives_whole_and_in_order(
     assert _requests_left(database) == (0, 0)
 
 
+# Prints a line every 0.3 s until the file {release} exists (3 minutes at most), then two more.
+PRINTER_UNTIL_RELEASED = (
+    "import os, time\n"
+    "i = 0\n"
+    "while not os.path.exists({release!r}) and i < 600:\n"
+    "    i += 1\n"
+    "    print(f'line {{i}}', flush=True)\n"
+    "    time.sleep(0.3)\n"
+    "print('released', flush=True)\n"
+    "print('done', flush=True)\n"
+)
+
+
 def test_follow_prints_the_output_as_it_is_written_then_exits(
-    gctl: Gctl, agent_host: subprocess.Popen[bytes], database: db.Database
+    gctl: Gctl, agent_host: subprocess.Popen[bytes], database: db.Database, tmp_path: Path
 ) -> None:
     """-f on a running job: lines come while it runs, not at its end, and the command ends
-    when the attempt does."""
-    gctl.ok("run", "--name", "ticker", "--", *_python(SLOW_PRINTER.format(n=20, every=0.3)))
+    when the attempt does. The job runs until the test has seen the first line (a follower
+    started on a loaded machine took longer than a job of 6 s)."""
+    release = tmp_path / "release"
+    source = PRINTER_UNTIL_RELEASED.format(release=str(release))
+    gctl.ok("run", "--name", "ticker", "--", *_python(source))
     poll(lambda: running_attempt(database, "ticker"), "ticker to run")
     follower = gctl.popen("logs", "ticker", "-f", "--from-node")
     assert follower.stdout is not None
@@ -151,6 +167,7 @@ def test_follow_prints_the_output_as_it_is_written_then_exits(
     assert first, "no line in time"
     assert first[0].startswith("line "), first
     assert running_attempt(database, "ticker") is not None, "the first line came at the end"
+    release.touch()
     rest: list[str] = []  # read through the same buffered stream as the first line
     reader = threading.Thread(target=lambda: rest.append(follower.stdout.read()))
     reader.start()
@@ -159,7 +176,7 @@ def test_follow_prints_the_output_as_it_is_written_then_exits(
     assert result.code == 0, result.err
     assert rest, "not ended in time"
     assert first[0] + rest[0] == _log_of(database, "ticker").decode()
-    assert rest[0].endswith("line 19\nline 20\n")
+    assert rest[0].endswith("released\ndone\n")
     assert _requests_left(database) == (0, 0)
 
 
