@@ -131,7 +131,7 @@ def delete(
         namespace=namespace,
         all_namespaces=all_namespaces,
     )
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     with database.read() as session:
         revision = store.Store(session).current_revision()
 

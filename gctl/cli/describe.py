@@ -367,7 +367,7 @@ def _describe_kind(
 
     cls = kinds.model(info.kind)
     where = getting.scope(info, namespace, False)
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     with database.read() as session:
         reader = store.Store(session)
         wires = reader.list_wire(cls, where, names=names or None)

@@ -313,7 +313,7 @@ def _open_or_close(verb: str, words: list[str], node_flag: str | None, db_url: s
     from gctl.store import db, store
 
     targets = parse_targets(verb, words, node_flag)
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     outcomes = store.transact(database, lambda writer: edit(verb, writer, targets))
     for outcome in outcomes:
         ref = outcome.target.ref()
@@ -341,7 +341,7 @@ def drain(
 
     seconds = waiting.parse_timeout(timeout) if timeout is not None else None
     targets = parse_targets("drain", words, node_flag)
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
 
     def work(writer: store.Store) -> tuple[list[Outcome], list[dict[str, Any]]]:
         outcomes = edit("drain", writer, targets)

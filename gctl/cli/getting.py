@@ -78,7 +78,7 @@ def list_kind(
         return snapshot
     from gctl.store import db, store
 
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     try:
         with database.read() as session:
             reader = store.Store(session)
@@ -312,7 +312,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
         sys.stdout.flush()
         _watch(
             db_url=db_url,
-            database=db.Database.open(db_url),
+            database=db.Database.open(db_url, create=False),
             kind=info.kind,
             revision=snapshot.revision,
             where=where,

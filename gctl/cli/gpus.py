@@ -90,7 +90,7 @@ def _watch(
 
     from gctl.store import db, feed
 
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     try:
         kinds_watched = [kinds.NODE.kind, kinds.BINDING.kind]
         with feed.Watch(database, since=revision, kinds=kinds_watched) as changes:

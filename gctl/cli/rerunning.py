@@ -34,7 +34,7 @@ def rerun(
 
     name = _job_name(resource, names)
     where = namespace or kinds.DEFAULT_NAMESPACE
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
 
     def work(writer: store.Store) -> job.Job:
         found = writer.find(job.Job, name, where)

@@ -44,7 +44,7 @@ def logs(
     name = _job_name(name)
     if attempt is not None and previous:
         raise errors.Invalid("--attempt and --previous: give one of them")
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     view = following.read_view(database, namespace or kinds.DEFAULT_NAMESPACE, name)
     if view.job is None:
         raise errors.NotFound(f'job "{name}" not found in namespace "{view.namespace}"')

@@ -92,7 +92,7 @@ def wait(
     seconds = parse_timeout(timeout)
     info, names = _targets(resource, names)
     where = (namespace or kinds.DEFAULT_NAMESPACE) if info.namespaced else ""
-    database = db.Database.open(db_url)
+    database = db.Database.open(db_url, create=False)
     with database.read() as session:
         reader = store.Store(session)
         revision = reader.current_revision()

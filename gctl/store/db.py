@@ -36,7 +36,10 @@ def display_url(url: str) -> str:
 class Database:
     """One engine; `write()` and `read()` hand out sessions whose transaction they own."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        """`create`: make the SQLite file's directories where they are missing; without it, a
+        missing directory is errors.NotFound (a mistyped --db), for the commands that only
+        read or act on what is stored."""
         self.url = url
         parsed = make_url(url)
         self.dialect = parsed.get_backend_name()
@@ -54,6 +57,11 @@ class Database:
                 )
             self.sqlite_path = Path(parsed.database)
             self.notify_path = locations.notify_path(self.sqlite_path)
+            if not create and not self.sqlite_path.parent.is_dir():
+                raise errors.NotFound(
+                    f"--db: no database at {self.sqlite_path}: no directory "
+                    f"{self.sqlite_path.parent} (gctl up, apply and run create them)"
+                )
             try:
                 _prepare_sqlite_file(self.sqlite_path)
             except OSError as exc:  # not a path a file can be made at: no retry helps
@@ -79,8 +87,10 @@ class Database:
             )
 
     @classmethod
-    def open(cls, flag: str | None = None, *, migrate: bool = True) -> "Database":
-        db = cls(locations.resolve_url(flag))
+    def open(
+        cls, flag: str | None = None, *, migrate: bool = True, create: bool = True
+    ) -> "Database":
+        db = cls(locations.resolve_url(flag), create=create)
         if migrate:
             try:
                 db.ensure_schema()

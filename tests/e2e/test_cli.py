@@ -1280,18 +1280,56 @@ def test_unreachable_postgres_fails_in_one_line(tmp_path: Path, url: str, argv: 
     assert "s3cret" not in line
 
 
-@pytest.mark.parametrize("argv", [["get", "jobs"], ["controller", "run"]])
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["get", "jobs"], "no database at /proc/nope/x.db: no directory /proc/nope (gctl up, "),
+        (["controller", "run"], "cannot create /proc/nope/x.db: No such file or directory"),
+    ],
+)
 def test_a_sqlite_path_no_file_can_be_made_at_fails_in_one_line(
-    tmp_path: Path, argv: list[str]
+    tmp_path: Path, argv: list[str], said: str
 ) -> None:
     """Review: `--db /proc/nope/x.db` printed FileNotFoundError's traceback."""
     result = run(argv, {**os.environ, "GCTL_DB": "/proc/nope/x.db"}, tmp_path, timeout=30)
 
     assert result.code == 1
-    assert (
-        error_line(result)
-        == "error: --db: cannot create /proc/nope/x.db: No such file or directory"
+    assert error_line(result).startswith(f"error: --db: {said}")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["get", "jobs"],
+        ["get", "gpus"],
+        ["describe", "job", "x"],
+        ["logs", "x"],
+        ["delete", "job", "x"],
+        ["wait", "job/x", "--for=delete", "--timeout=0"],
+        ["cordon", "n1"],
+        ["rerun", "job", "x"],
+    ],
+)
+def test_a_command_that_only_reads_makes_no_directory_for_a_mistyped_db(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """QA: `gctl get jobs --db /typo/gctl.db` made /typo (as root, anywhere) and said "No
+    resources found". The commands that only read or act on what is stored make no
+    directory; those that create (apply, run, up) still do."""
+    typo = tmp_path / "typo" / "gctl.db"
+    result = run([*argv, "--db", str(typo)], dict(os.environ), tmp_path, timeout=30)
+
+    assert result.code == 1
+    assert error_line(result) == (
+        f"error: --db: no database at {typo}: no directory {typo.parent} (gctl up, apply and "
+        "run create them)"
     )
+    assert not typo.parent.exists()
+    created = run(
+        ["apply", "-f", str(EXAMPLES / "hello.yaml"), "--db", str(typo)], dict(os.environ), tmp_path
+    )
+    assert created.code == 0, created.err
+    assert typo.is_file()
 
 
 # -- concurrency -----------------------------------------------------------------------------
