@@ -4,7 +4,9 @@
 a label cannot say, since gctl writes the phase. As in Kubernetes, each kind offers a few
 fields (those a user filters a long list by), with `=`, `==` and `!=`; a field without a value
 matches the empty string, and a field the kind does not offer is refused, so that a typo never
-reads as "nothing matches".
+reads as "nothing matches". A field stored only when it is not its default (a Job's
+`spec.pool`) reads as its default, as the tables show it: `spec.pool=default` matches a Job
+that names no pool.
 """
 
 import re
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gctl.api import errors, kinds
+from gctl.api import errors, kinds, queue
 
 _COMMON = ("metadata.name", "metadata.namespace")
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -28,6 +30,9 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# Fields left out of a stored object where they hold their default, and that default.
+_DEFAULTS = {(kinds.JOB.kind, "spec.pool"): queue.DEFAULT_POOL}
+
 _TERM = re.compile(r"^\s*([A-Za-z.]+)\s*(==|=|!=)\s*([^\s,]*)\s*$")
 
 
@@ -36,12 +41,13 @@ class Term:
     path: tuple[str, ...]
     value: str
     equal: bool  # `=` or `==`; False for `!=`
+    default: str = ""  # what the field reads as where the object leaves it out
 
     def matches(self, wire: Mapping[str, Any]) -> bool:
         found: Any = wire
         for key in self.path:
             found = found.get(key) if isinstance(found, Mapping) else None
-        text = "" if found is None else str(found)
+        text = self.default if found is None else str(found)
         return (text == self.value) == self.equal
 
 
@@ -70,5 +76,6 @@ def parse(text: str, info: kinds.KindInfo) -> FieldSelector:
                 f"--field-selector {part.strip()!r}: {info.plural} have no field {field} to "
                 f"select by (use {', '.join(offered)})"
             )
-        terms.append(Term(tuple(field.split(".")), value, operator != "!="))
+        default = _DEFAULTS.get((info.kind, field), "")
+        terms.append(Term(tuple(field.split(".")), value, operator != "!=", default))
     return FieldSelector(tuple(terms))

@@ -51,9 +51,11 @@ def test_labels_stored_in_a_form_gctl_refuses_match_as_far_as_they_are_text() ->
     [
         ("status.phase=Running", ["running"]),
         ("status.phase==Running,metadata.name!=running", []),
-        ("status.node=", ["pending"]),  # no value matches the empty string, as in Kubernetes
+        # No value matches the empty string, as in Kubernetes.
+        ("status.node=", ["pending", "unpooled"]),
         ("status.node!=", ["running"]),
-        ("spec.pool=default", ["pending", "running"]),
+        ("spec.pool=default", ["pending", "running", "unpooled"]),
+        ("spec.pool!=default", []),
     ],
 )
 def test_field_selectors(text: str, matched: list[str]) -> None:
@@ -64,6 +66,8 @@ def test_field_selectors(text: str, matched: list[str]) -> None:
             "spec": {"pool": "default"},
             "status": {"phase": "Running", "node": "n1"},
         },
+        # A Job that names no pool is stored without one, and runs in the default pool.
+        {"metadata": {"name": "unpooled"}, "spec": {}, "status": {"phase": "Pending"}},
     ]
     chosen = fields.parse(text, kinds.JOB)
     assert [w["metadata"]["name"] for w in wires if chosen.matches(w)] == matched
