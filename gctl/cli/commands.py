@@ -175,6 +175,10 @@ def _delete_targets(
     of them (namespace None)."""
     if all_namespaces and (files or names or "/" in (resource or "")):
         raise errors.Invalid("-A/--all-namespaces goes with KIND -l SELECTOR or KIND --all")
+    if selected and (all_ or files or names or "/" in (resource or "")):
+        # As kubectl: `--all --field-selector status.phase=Failed` would otherwise delete every
+        # Job, and `job/a --field-selector ...` job a whatever its fields.
+        raise errors.Invalid("-l and --field-selector go with KIND alone, not names, -f or --all")
     if files:
         from gctl.api import manifest
 

@@ -353,6 +353,34 @@ def test_delete_by_field_clears_the_failed_jobs_only(gctl: Gctl, database: db.Da
     )
 
 
+@pytest.mark.parametrize(
+    "what",
+    [
+        pytest.param(["jobs", "--all"], id="all"),
+        pytest.param(["jobs", "queued"], id="name"),
+        pytest.param(["job/queued"], id="kind-slash-name"),
+    ],
+)
+@pytest.mark.parametrize(
+    "chosen", [["-l", "team=nlp"], ["--field-selector", "status.phase=Failed"]]
+)
+def test_delete_refuses_a_selector_beside_names_or_all(
+    gctl: Gctl, database: db.Database, what: list[str], chosen: list[str]
+) -> None:
+    """A selector that would be ignored is refused, as kubectl refuses it: `--all` beside it
+    deleted every Job, the Failed ones and the rest."""
+    seed(database, make_job("queued"), make_job("failed"))
+    _finish(database, "failed", "Failed")
+
+    done = gctl("delete", *what, *chosen)
+
+    assert (done.code, error_line(done)) == (
+        1,
+        "error: -l and --field-selector go with KIND alone, not names, -f or --all",
+    )
+    assert sorted(stored(database)) == ["failed", "queued"]
+
+
 def test_get_of_several_kinds_prints_a_table_for_each(gctl: Gctl, database: db.Database) -> None:
     seed(database, EXAMPLES)
 
