@@ -137,7 +137,7 @@ def delete(
 
     def work(writer: store.Store) -> tuple[list[tuple[Any, bool]], list[str]]:
         done, missing = [], []
-        for info, name, where in _expand(writer, targets, selector_text, field_selector_text, all_):
+        for info, name, where in _expand(writer, targets, selector_text, field_selector_text):
             try:
                 done.append(writer.delete(kinds.model(info.kind), name, where))
             except errors.NotFound as exc:
@@ -211,17 +211,16 @@ def _expand(
     targets: list[Target],
     selector_text: str | None,
     field_selector_text: str | None,
-    all_: bool,
 ) -> list[tuple[kinds.KindInfo, str, str | None]]:
     expanded = []
     for info, name, where in targets:
         if name is not None:
             expanded.append((info, name, where))
             continue
-        label_selector = selector.parse(selector_text) if selector_text and not all_ else None
+        label_selector = selector.parse(selector_text) if selector_text else None
         by_field = fields.parse(field_selector_text, info) if field_selector_text else None
         for wire in reader.list_wire(kinds.model(info.kind), where, label_selector):
-            if by_field is not None and not all_ and not by_field.matches(wire):
+            if by_field is not None and not by_field.matches(wire):
                 continue
             metadata = wire["metadata"]
             expanded.append((info, metadata["name"], metadata.get("namespace", where)))
