@@ -157,7 +157,9 @@ def run(
     placement = _placement(node, gpu_ids)
     if placement:
         spec["placement"] = placement
-        if "gpus" in placement:  # `--gpu-ids 0,1` alone asks for those two
+        # `--gpu-ids 0,1` alone asks for those two; beside --profile, the profile's count
+        # does, as in a manifest, and the ids are the GPUs it may use (`0-3`: any of them).
+        if "gpus" in placement and "profile" not in resources:
             resources.setdefault("gpus", len(placement["gpus"]))
     if resources:
         spec["resources"] = resources

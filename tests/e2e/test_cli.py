@@ -1455,6 +1455,19 @@ def test_run_with_a_profile(gctl: Gctl, database: db.Database) -> None:
     assert rows[0][:3] == ["serve", "Pending", "qwen2.5-7b-inst"]
 
 
+def test_run_with_a_profile_and_gpu_ids_asks_for_the_profiles_count(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """`--gpu-ids 0-3` beside a 1-GPU profile is an allowed-GPU list, as the same manifest
+    would be, not a request for 4 GPUs that overrode the profile's count."""
+    argv = ["run", "--name", "serve", "--profile", "qwen2.5-7b-inst", "--gpu-ids", "0-3"]
+    gctl.ok(*argv, "--", "true")
+
+    spec = stored(database)["serve"]["spec"]
+    assert spec["resources"] == {"profile": "qwen2.5-7b-inst"}
+    assert spec["placement"] == {"gpus": [0, 1, 2, 3]}
+
+
 def test_run_takes_what_the_old_schedulers_took_on_their_command_lines(
     gctl: Gctl, database: db.Database
 ) -> None:
