@@ -6,7 +6,8 @@ the copies are made ahead and dropped behind the tests, in a thread (`Clones`). 
 GCTL_TEST_PG=skip to run without PostgreSQL; otherwise an unreachable server is an error.
 
 A test's SQLite `database` is a copy of a file migrated once per run (per xdist worker), as its
-PostgreSQL one is a copy of the template; `db_url` alone gives a path where no file is yet.
+PostgreSQL one is a copy of the template, unless a daemon the test started first made the file;
+`db_url` alone gives a path where no file is yet.
 
 The `gctl` commands of one test session share a command server of their own (gctl/cli/client.py)
 in a directory of the session's, stopped when the session ends.
@@ -219,10 +220,26 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _copy_unless_there(template: Path, path: Path) -> None:
+    """The migrated template at `path`, unless a file is there already: a fixture set up before
+    `database` (a `gctl up` the test starts) may have made it and hold it open, and a copy
+    written over it would take what that process wrote from under it. The copy is linked into
+    place whole, so such a process never opens half of one. Its mode comes along: 0600, as
+    gctl creates the file."""
+    staged = path.with_name(f"{path.name}.template")
+    shutil.copy(template, staged)
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        pass  # made by what the test started first, migrated by it: the test uses it
+    finally:
+        staged.unlink()
+
+
 @pytest.fixture
 def database(db_url: str, request: pytest.FixtureRequest) -> Iterator[db.Database]:
-    if "://" not in db_url:  # the file mode comes along: 0600, as gctl creates it
-        shutil.copy(request.getfixturevalue("sqlite_template"), db_url)
+    if "://" not in db_url:
+        _copy_unless_there(request.getfixturevalue("sqlite_template"), Path(db_url))
     database = db.Database.open(db_url)
     yield database
     database.close()
