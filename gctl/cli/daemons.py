@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from gctl.api import errors, names
 
 if TYPE_CHECKING:
+    import nodeagent.agent
     from controller import sync as syncer
     from gctl.store import db
 
@@ -130,6 +131,7 @@ def _agent_runner(
         # directory must not be left to refuse the next one as "another agent".
         the_agent.abandon()
         raise
+    opened.agent = the_agent
     logging.getLogger("gctl.agent").info("node %s: %s; state in %s", node_name, how, state_dir)
     return the_agent.run
 
@@ -183,13 +185,16 @@ START_RETRY_S = 2.0  # between tries to reach a database that is not there yet
 
 
 class _Opened:
-    """The databases one try at building the parts opened. A try that fails closes them: the
-    parts are built again every START_RETRY_S while the database is away, and each try would
-    otherwise leave its engines, and their connections, behind (a controller's, where the
-    agent built after it failed)."""
+    """The databases one try at building the parts opened, and the agent it claimed a Node
+    with. A try that fails closes them: the parts are built again every START_RETRY_S while
+    the database is away, and each try would otherwise leave its engines, and their
+    connections, behind (a controller's, where the agent built after it failed), and an agent
+    its hold on the state directory, which refused the next try's agent as "another agent"
+    (`gctl up --sync DIR`, the sync's database away after the agent's claim)."""
 
     def __init__(self) -> None:
         self.databases: list[db.Database] = []
+        self.agent: nodeagent.agent.Agent | None = None
 
     def database(self, db_url: str | None) -> "db.Database":
         from gctl.store import db
@@ -199,6 +204,9 @@ class _Opened:
         return opened
 
     def close(self) -> None:
+        if self.agent is not None:
+            self.agent.abandon()
+            self.agent = None
         for database in self.databases:
             database.close()
         self.databases.clear()
