@@ -213,6 +213,9 @@ def get(*, resource: str, names: list[str], flags: GetFlags) -> None:
     a name not found fails the command once every kind is printed."""
     printers.check_output(flags.output)
     groups = resource_and_names(resource, names)
+    if (flags.selector_text or flags.field_selector_text) and any(g for _, g in groups):
+        # As kubectl: a named object the selector does not match was said to be not found.
+        raise errors.Invalid("-l and --field-selector go with KIND alone, not names")
     if len(groups) > 1 and (flags.watch or flags.watch_only):
         raise errors.Invalid("watch one kind at a time")
     if len(groups) > 1 and flags.output in ("yaml", "json"):

@@ -353,6 +353,25 @@ def test_delete_by_field_clears_the_failed_jobs_only(gctl: Gctl, database: db.Da
     )
 
 
+@pytest.mark.parametrize("what", [["jobs", "queued"], ["job/queued"], ["job/queued", "-o", "yaml"]])
+@pytest.mark.parametrize(
+    "chosen", [["-l", "team=nlp"], ["--field-selector", "status.phase=Failed"]]
+)
+def test_get_refuses_a_selector_beside_names(
+    gctl: Gctl, database: db.Database, what: list[str], chosen: list[str]
+) -> None:
+    """As kubectl: `get jobs queued --field-selector status.phase=Failed` said that the Job
+    queued, which exists, was not found (and -o yaml of KIND/NAME ignored the selector)."""
+    seed(database, make_job("queued"))
+
+    done = gctl("get", *what, *chosen)
+
+    assert (done.code, error_line(done)) == (
+        1,
+        "error: -l and --field-selector go with KIND alone, not names",
+    )
+
+
 @pytest.mark.parametrize(
     "what",
     [
