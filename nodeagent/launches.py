@@ -113,6 +113,7 @@ def launch_for(
         grace_seconds=settings.grace_seconds if grace is None else grace,
         lease_path=settings.lease_path,
         fence_seconds=settings.fence_seconds,
+        fence_grace_seconds=settings.grace_seconds,
         stop_warning=None if warning is None else (warning.signal, warning.seconds),
         success_file=owner.spec.success_file,
         wait_for=wait_for,

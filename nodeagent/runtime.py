@@ -41,6 +41,10 @@ class Launch:
     grace_seconds: float
     lease_path: Path | None = None
     fence_seconds: float = 0.0
+    # The agent's --grace-period: at most this long between the SIGTERM and the SIGKILL of a
+    # job its fence stops, whatever its own grace period. A node is taken over once a silent
+    # agent's jobs are sure to be gone, counting the agent's grace (AgentInstance.gone_after).
+    fence_grace_seconds: float | None = None
     stop_warning: tuple[str, int] | None = None  # (signal name, seconds before SIGTERM)
     success_file: str | None = None  # the Job's spec.successFile, checked by the supervisor
     # Armed: the `lock` files of the attempts that must end first (`Runtime.lock_path`). The
@@ -204,6 +208,7 @@ class Runtime:
                 "gracePeriodSeconds": launch.grace_seconds,
                 "leasePath": str(launch.lease_path) if launch.lease_path else None,
                 "fenceSeconds": launch.fence_seconds,
+                "fenceGraceSeconds": launch.fence_grace_seconds,
                 "stopWarning": None
                 if launch.stop_warning is None
                 else {"signal": launch.stop_warning[0], "seconds": launch.stop_warning[1]},

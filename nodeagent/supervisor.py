@@ -162,11 +162,19 @@ def _kill_group(pgid: int, sig: int) -> None:
 class _Stopper:
     """Turns SIGTERM into a stop of the job's process group: first the job's warning signal
     (when it asked for one and the stop allows it), then SIGTERM, then SIGKILL after the grace
-    period; each step is started by a timer signal."""
+    period (a fence's stop: after `fence_grace` at most); each step is started by a timer
+    signal."""
 
-    def __init__(self, attempt_dir: Path, grace: float, warning: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        attempt_dir: Path,
+        grace: float,
+        warning: dict[str, Any] | None,
+        fence_grace: float | None = None,
+    ) -> None:
         self.attempt_dir = attempt_dir
         self.grace = grace
+        self.fence_grace = fence_grace
         self.warning = warning
         self.requested = False
         self.pgid: int | None = None
@@ -212,7 +220,10 @@ class _Stopper:
         _kill_group(self.pgid, self._next)
         if self._next == signal.SIGTERM:
             self._next = signal.SIGKILL
-            signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.001))
+            grace = self.grace
+            if self.fence_grace is not None and self._request().get("reason") == FENCED:
+                grace = min(grace, self.fence_grace)
+            signal.setitimer(signal.ITIMER_REAL, max(grace, 0.001))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -426,8 +437,12 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
     )
     spec = json.loads((attempt_dir / SPEC).read_text(encoding="utf-8"))
     _inherit_no_ignored_signals()
+    fence_grace = spec.get("fenceGraceSeconds")
     stopper = _Stopper(
-        attempt_dir, float(spec.get("gracePeriodSeconds", 30)), spec.get("stopWarning")
+        attempt_dir,
+        float(spec.get("gracePeriodSeconds", 30)),
+        spec.get("stopWarning"),
+        None if fence_grace is None else float(fence_grace),
     )
     fenced = threading.Event()
     signal.signal(signal.SIGALRM, stopper.on_alarm)

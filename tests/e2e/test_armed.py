@@ -103,6 +103,37 @@ def test_an_armed_attempt_does_not_start_once_its_agent_is_silent(
     assert not (tmp_path / "second-start").exists()
 
 
+def test_a_job_its_fence_stops_gets_the_agents_grace_period_not_its_own(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    """Review: a Job with a grace period of 300 s that ignores SIGTERM, stopped by its fence,
+    ran on for 300 s; its node is taken over once the agent's grace period is past
+    (AgentInstance.gone_after), and its retry ran beside it. A fence's SIGKILL comes after the
+    agent's grace period at most."""
+    lease = tmp_path / "lease"
+    lease.touch()
+    up = tmp_path / "up"
+    node.launch(
+        runtime.Launch(
+            uid="stubborn",
+            argv=["bash", "-c", f"trap '' TERM; touch {up}; while true; do sleep 0.05; done"],
+            env=dict(os.environ),
+            cwd=None,
+            log_path=node.log_path("default", "stubborn", "job-uid", 1),
+            grace_seconds=300.0,
+            lease_path=lease,
+            fence_seconds=30.0,
+            fence_grace_seconds=0.5,
+        )
+    )
+    until(up.exists, "the job to ignore SIGTERM")
+    stale = time.time() - 100
+    os.utime(lease, (stale, stale))  # the agent has not renewed it for 100 s (fence: 30 s)
+    until(_phase(node, "stubborn", "exited"), "the fence's SIGKILL")
+    state = node.state("stubborn")
+    assert (state.reason, state.exit_code) == (supervisor.FENCED, 137)
+
+
 def test_an_armed_attempt_waits_on_after_its_fork_server_and_agent_are_gone(
     node: runtime.Runtime, tmp_path: Path
 ) -> None:
