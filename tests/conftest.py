@@ -104,9 +104,17 @@ class Clones:
         self._maker.start()
         self._dropper.start()
 
+    # How long a test waits for its copy before it fails: a maker thread that died of
+    # something other than the server's refusal, or a CREATE DATABASE that never returns,
+    # fails the tests that need a copy rather than hang the run until CI's limit.
+    TAKE_TIMEOUT_S = 300.0
+
     def take(self) -> str:
         with self._changed:
-            self._changed.wait_for(lambda: self._ready or self._refused)
+            if not self._changed.wait_for(
+                lambda: self._ready or self._refused, timeout=self.TAKE_TIMEOUT_S
+            ):
+                pytest.fail(f"PostgreSQL at {PG_ADMIN}: no copy of the template made in time")
             if self._refused is not None:
                 pytest.fail(f"PostgreSQL at {PG_ADMIN}: {self._refused}")
             name = self._ready.pop(0)
