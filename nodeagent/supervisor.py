@@ -183,10 +183,17 @@ class _Stopper:
 
     def on_term(self, _signum: int, _frame: object) -> None:
         if self.requested:
+            request = self._request()
             # A stop that allows no warning (a delete, a fence) cuts a warning short.
-            if self.warned and self.pgid is not None and not self._request().get("warn", True):
+            if self.warned and self.pgid is not None and not request.get("warn", True):
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self._send()
+            # A fence that comes while the job has its grace period after SIGTERM cuts that
+            # short to the fence's.
+            elif self._next == signal.SIGKILL and (cut := self._fence_grace(request)) is not None:
+                left, _ = signal.getitimer(signal.ITIMER_REAL)
+                if left > cut:
+                    signal.setitimer(signal.ITIMER_REAL, max(cut, 0.001))
             return
         self.requested = True
         if self.pgid is not None:
@@ -213,6 +220,10 @@ class _Stopper:
     def _request(self) -> dict[str, Any]:
         return read_json(self.attempt_dir / STOP) or {}
 
+    def _fence_grace(self, request: dict[str, Any]) -> float | None:
+        """The grace period a stop by the fence allows, where `request` is one."""
+        return self.fence_grace if request.get("reason") == FENCED else None
+
     def _send(self) -> None:
         """SIGTERM with the grace timer armed, or, after the grace period, SIGKILL."""
         assert self.pgid is not None
@@ -220,9 +231,8 @@ class _Stopper:
         _kill_group(self.pgid, self._next)
         if self._next == signal.SIGTERM:
             self._next = signal.SIGKILL
-            grace = self.grace
-            if self.fence_grace is not None and self._request().get("reason") == FENCED:
-                grace = min(grace, self.fence_grace)
+            cut = self._fence_grace(self._request())
+            grace = self.grace if cut is None else min(self.grace, cut)
             signal.setitimer(signal.ITIMER_REAL, max(grace, 0.001))
 
 

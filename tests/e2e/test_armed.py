@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from gctl.api import binding, job
 from gctl.store import db, store
 from nodeagent import agent, gpus, runtime, supervisor
@@ -103,16 +105,12 @@ def test_an_armed_attempt_does_not_start_once_its_agent_is_silent(
     assert not (tmp_path / "second-start").exists()
 
 
-def test_a_job_its_fence_stops_gets_the_agents_grace_period_not_its_own(
-    node: runtime.Runtime, tmp_path: Path
-) -> None:
-    """Review: a Job with a grace period of 300 s that ignores SIGTERM, stopped by its fence,
-    ran on for 300 s; its node is taken over once the agent's grace period is past
-    (AgentInstance.gone_after), and its retry ran beside it. A fence's SIGKILL comes after the
-    agent's grace period at most."""
-    lease = tmp_path / "lease"
+def _stubborn(node: runtime.Runtime, tmp: Path) -> Path:
+    """Launch `stubborn`, a job that ignores SIGTERM with a grace period of 300 s, fenced after
+    30 s with the agent's grace period of 0.5 s; returns its lease, fresh, once it runs."""
+    lease = tmp / "lease"
     lease.touch()
-    up = tmp_path / "up"
+    up = tmp / "up"
     node.launch(
         runtime.Launch(
             uid="stubborn",
@@ -127,6 +125,23 @@ def test_a_job_its_fence_stops_gets_the_agents_grace_period_not_its_own(
         )
     )
     until(up.exists, "the job to ignore SIGTERM")
+    return lease
+
+
+@pytest.mark.parametrize("deleted_first", [False, True], ids=["running", "being-stopped"])
+def test_a_job_its_fence_stops_gets_the_agents_grace_period_not_its_own(
+    node: runtime.Runtime, tmp_path: Path, deleted_first: bool
+) -> None:
+    """Review: a Job with a grace period of 300 s that ignores SIGTERM, stopped by its fence,
+    ran on for 300 s; its node is taken over once the agent's grace period is past
+    (AgentInstance.gone_after), and its retry ran beside it. A fence's SIGKILL comes after the
+    agent's grace period at most, also where the job was being stopped already (deleted: its
+    SIGTERM out, its own 300 s running)."""
+    lease = _stubborn(node, tmp_path)
+    if deleted_first:
+        node.stop("stubborn", warn=False)
+        time.sleep(0.5)
+        assert node.state("stubborn").phase == "running"
     stale = time.time() - 100
     os.utime(lease, (stale, stale))  # the agent has not renewed it for 100 s (fence: 30 s)
     until(_phase(node, "stubborn", "exited"), "the fence's SIGKILL")
