@@ -284,11 +284,12 @@ def test_the_agent_says_when_an_armed_attempt_started_and_what_it_adopted(
     n1.sync()
     _end(n1, x)
     deadline = time.monotonic() + WAIT
-    while _phase_here(n1, y) != "running":
+    # Its pid, not only its phase: an armed supervisor is running once it fired, a moment
+    # before its job's pid is recorded, and the agent says it started once it has the pid.
+    while (pid := n1.runtime.state(y.metadata.uid or "").pid) is None:
         assert time.monotonic() < deadline, "y did not start"
         time.sleep(0.05)
     n1.sync()
-    pid = n1.runtime.state(y.metadata.uid or "").pid
     assert (
         f"default/y attempt 1 started on GPUs [0] as the attempt before it ended (armed; pid {pid})"
         in caplog.messages
