@@ -72,6 +72,18 @@ def _job_status(w: Wire, _now: datetime) -> str:
     return phase
 
 
+def _job_duration(w: Wire, now: datetime) -> str:
+    """How long the Job's run has lasted, as kubectl's DURATION and squeue's TIME say it: from
+    its first attempt's start to its completion, or to now while it runs, waits to retry or is
+    requeued by a preemption (its run goes on); none before it started."""
+    status = w["status"]
+    start = parse_time(status.get("startTime"))
+    if start is None:
+        return NONE
+    end = parse_time(status.get("completionTime")) or now
+    return human_duration((end - start).total_seconds())
+
+
 def _job_gpus(w: Wire, _now: datetime) -> str:
     resources = w["spec"].get("resources", {})
     if "gpus" not in resources and resources.get("profile"):
@@ -322,6 +334,7 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             ("GPU-IDS", _gpu_ids("status", "gpus")),
             ("ATTEMPTS", field("status", "attempts", default="0")),
             ("EXIT", field("status", "exitCode")),
+            ("DURATION", _job_duration),
             ("POS", _pending(field("status", "queuePosition"))),
             ("ETA", _pending(_job_eta)),
             ("REASON", _job_reason),

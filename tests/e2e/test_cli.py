@@ -39,7 +39,7 @@ WAIT_SECONDS = 10.0  # how long a watcher may take to print a change
 START_SECONDS = 30.0
 
 JOB_COLUMNS = ["NAME", "STATUS", "GPUS", "POOL", "PRIORITY", "AGE"]
-WIDE_COLUMNS = ["NODE", "GPU-IDS", "ATTEMPTS", "EXIT", "POS", "ETA", "REASON"]
+WIDE_COLUMNS = ["NODE", "GPU-IDS", "ATTEMPTS", "EXIT", "DURATION", "POS", "ETA", "REASON"]
 # The examples' jobs as `get jobs` shows them: NAME STATUS GPUS POOL PRIORITY (AGE varies).
 EXAMPLE_ROWS = {
     "eval-a": ["eval-a", "Pending", "0.5x8Gi", "default", "10"],
@@ -291,9 +291,9 @@ def test_get_jobs_table(
         assert row[:5] == EXAMPLE_ROWS[row[0]]
         assert re.fullmatch(r"\d+s", row[5]), row
         if "wide" in argv:
-            assert row[6:10] + row[11:] == ["<none>", "<none>", "0", "<none>", "<none>", "<none>"]
+            assert row[6:11] + row[12:] == ["<none>"] * 2 + ["0"] + ["<none>"] * 4
     if "wide" in argv:  # all wait in the default pool: priority 10 first
-        places = {row[0]: int(row[10]) for row in rows}
+        places = {row[0]: int(row[11]) for row in rows}
         assert sorted(places.values()) == list(range(1, len(rows) + 1))
         assert {places["eval-a"], places["eval-b"]} == {1, 2}
     if "wide" not in argv:

@@ -62,6 +62,26 @@ def test_job_table_columns_align_and_fit() -> None:
     assert all(len(line) <= 100 for line in lines)
 
 
+def test_job_duration_counts_the_run_to_its_completion_or_now() -> None:
+    """-o wide's DURATION, as kubectl's (and squeue's TIME): from the run's start to its
+    completion, to now while it runs or waits to retry; none before it started."""
+    started = (NOW - timedelta(minutes=3)).isoformat()
+    running = _job("r", "Running")
+    running["status"] = {"phase": "Running", "startTime": started}
+    done = _job("d", "Succeeded")
+    done["status"] = {
+        "phase": "Succeeded",
+        "startTime": started,
+        "completionTime": (NOW - timedelta(seconds=45)).isoformat(),
+    }
+    retrying = _job("b")
+    retrying["status"] = {"phase": "Pending", "startTime": started, "failed": 1}
+    table = printers.Table("Job", wide=True, namespaces=False, show_labels=False)
+    header, *lines = table.lines([running, done, retrying, _job("p")], NOW, header=True)
+    at = header.split().index("DURATION")
+    assert [line.split()[at] for line in lines] == ["3m", "2m15s", "3m", "<none>"]
+
+
 def test_watch_rows_keep_the_first_widths() -> None:
     table = printers.Table("Job", wide=False, namespaces=True, show_labels=False)
     first = table.lines([_job("a")], NOW, header=True)
