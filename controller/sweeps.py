@@ -95,7 +95,9 @@ def _template_may_differ(s: sweep.Sweep) -> bool:
 def expand(spec: sweep.SweepSpec, cwd: str | None = None) -> list[str]:
     """The regular files the glob matches, as matched (relative globs stay relative: the
     Jobs run in the same workingDir). A relative glob is taken from the template's
-    workingDir, and a relative or absent workingDir from this process's directory."""
+    workingDir, which apply made absolute unless it starts with `~` (expanded here); with no
+    workingDir, apply made the glob absolute. A relative path that an older gctl stored is
+    taken from this process's directory, as it was then."""
     pattern = os.path.expanduser(spec.files or "")
     base = os.path.join(
         cwd or os.getcwd(), os.path.expanduser(spec.template.spec.working_dir or "")
@@ -108,11 +110,13 @@ def expand(spec: sweep.SweepSpec, cwd: str | None = None) -> list[str]:
 
 
 def _no_files_message(spec: sweep.SweepSpec) -> str:
-    where = spec.template.spec.working_dir or os.getcwd()
+    pattern = spec.files or ""
+    under = ""
+    if not os.path.isabs(os.path.expanduser(pattern)):
+        under = f" under {spec.template.spec.working_dir or os.getcwd()}"
     return (
-        f"files {spec.files} matches no file under {where} on the controller's host (the "
-        "controller expands the glob: it must see the files, as on one box or a shared "
-        "filesystem)"
+        f"files {pattern} matches no file{under} on the controller's host (the controller "
+        "expands the glob: it must see the files, as on one box or a shared filesystem)"
     )
 
 

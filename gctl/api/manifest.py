@@ -103,10 +103,13 @@ def _manifest_files(root: Path, recursive: bool) -> Iterator[Path]:
 
 
 def parse(file: str, text: str) -> list[Manifest]:
-    """Parse and validate every document of one file."""
+    """Parse and validate every document of one file. Relative paths in the objects (a Job's
+    workingDir, a Sweep's) are made absolute against the file's directory, or the current one
+    when `file` names no file (`<stdin>`, `gctl run`)."""
+    directory = _directory_of(file)
     document = _json_document(text)
     if document is not None:
-        return list(_objects(Source(file, 1), document))
+        return list(_objects(Source(file, 1), document, directory))
     manifests: list[Manifest] = []
     documents = yaml.load_all(text, Loader=_Loader)
     index = 0
@@ -124,8 +127,17 @@ def parse(file: str, text: str) -> list[Manifest]:
         if document is None:
             continue
         source = Source(file, index)
-        manifests.extend(_objects(source, document))
+        manifests.extend(_objects(source, document, directory))
     return manifests
+
+
+def _directory_of(file: str) -> str | None:
+    """The directory a manifest's relative paths are relative to; None if the current
+    directory is gone (an error only for a manifest that has a relative path)."""
+    try:
+        return os.path.dirname(os.path.abspath(file))
+    except OSError:
+        return None
 
 
 def _json_document(text: str) -> object | None:
@@ -155,7 +167,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"invalid YAML: {exc}"
 
 
-def _objects(source: Source, document: object) -> Iterator[Manifest]:
+def _objects(source: Source, document: object, directory: str | None) -> Iterator[Manifest]:
     if not isinstance(document, dict):
         raise errors.Invalid(
             f"{source}: expected a mapping with apiVersion, kind, metadata and spec, "
@@ -165,12 +177,14 @@ def _objects(source: Source, document: object) -> Iterator[Manifest]:
         for position, item in enumerate(document["items"]):
             if not isinstance(item, dict):
                 raise errors.Invalid(f"{source}: items[{position}]: expected a mapping")
-            yield Manifest(source, _validate(source, item, f"items[{position}]."))
+            yield Manifest(source, _validate(source, item, f"items[{position}].", directory))
         return
-    yield Manifest(source, _validate(source, document, ""))
+    yield Manifest(source, _validate(source, document, "", directory))
 
 
-def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Resource:
+def _validate(
+    source: Source, document: dict[str, Any], prefix: str, directory: str | None
+) -> meta.Resource:
     what = _describe(document)
     where = f"{source} ({what})" if what else str(source)
     api_version = document.get("apiVersion")
@@ -204,6 +218,10 @@ def _validate(source: Source, document: dict[str, Any], prefix: str) -> meta.Res
         raise errors.Invalid(f"{where}: {prefix}{field}: {exc}") from None
     if not cls.NAMESPACED:
         obj.metadata.namespace = None
+    try:  # stored resolved: the same file applies `unchanged` from any directory
+        obj.resolve_paths(directory)
+    except meta.FieldError as exc:
+        raise errors.Invalid(f"{where}: {prefix}{exc.path}: {exc.message}") from None
     # A name in dependsOn is a Job first, then a Sweep: a Sweep naming itself may mean a Job
     # of that name, so it is `load`'s to judge, with every object of the apply at hand.
     for field, needed in obj.waits_for():

@@ -185,6 +185,11 @@ class Resource(Model):
         for: a Job's or a Sweep's dependsOn; nothing for other kinds."""
         return []
 
+    def resolve_paths(self, directory: str | None) -> None:
+        """Make the relative paths of its spec absolute against `directory`, the directory of
+        the manifest it came from (None: not known, the current directory being gone); only a
+        Job's and a Sweep's have paths."""
+
     def wire(self) -> dict[str, Any]:
         """The object as stored and printed: camelCase, without None or empty fields."""
         wire: dict[str, Any] = prune(self.model_dump(mode="json", by_alias=True, exclude_none=True))

@@ -6,6 +6,7 @@ counting progress, and what a dependency on a Job or a Sweep means for a Job tha
 Globbing `files` is I/O: the controller does it and passes the paths in.
 """
 
+import glob
 import hashlib
 import itertools
 import math
@@ -186,6 +187,21 @@ class Sweep(meta.Resource):
             *((f"spec.template.spec.dependsOn[{i}]", name) for i, name in enumerate(template)),
             *((f"spec.dependsOn[{i}]", name) for i, name in enumerate(self.spec.depends_on)),
         ]
+
+    def resolve_paths(self, directory: str | None) -> None:
+        """A relative template workingDir is the manifest's directory's, as a Job's. So is a
+        relative files glob with no workingDir to be relative to (it was the controller's
+        directory): it is stored absolute, so that the controller globs there wherever it
+        runs, and `{file}` names the file wherever the Jobs run. A glob relative to a
+        workingDir stays relative, as `{file}` is then relative to where the Jobs run."""
+        template = self.spec.template.spec
+        template.working_dir = job.absolute(
+            template.working_dir, directory, "spec.template.spec.workingDir"
+        )
+        if self.spec.files is not None and not template.working_dir:
+            self.spec.files = job.absolute(
+                self.spec.files, None if directory is None else glob.escape(directory), "spec.files"
+            )
 
 
 # -- points and names --------------------------------------------------------------------------

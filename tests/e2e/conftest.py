@@ -51,8 +51,7 @@ def cluster(gctl: Gctl, tmp_path: Path) -> Iterator[Cluster]:
 
 @pytest.fixture
 def up(gctl: Gctl, tmp_path: Path) -> Iterator[None]:
-    """`gctl up` with 8 fake GPUs, from the repository's root as the examples expect, until
-    the node is Ready."""
+    """`gctl up` with 8 fake GPUs, from the repository's root, until the node is Ready."""
     log = open(tmp_path / "up.log", "ab")  # noqa: SIM115 - the child keeps it
     process = subprocess.Popen(
         [

@@ -1,7 +1,7 @@
 """Sweeps and pipelines for real: `gctl up` on fake GPUs, real processes, real files.
 
-`gctl up` (the `up` fixture) runs from the repository's root, as the examples expect (their
-workingDir is relative to it); each test gives the steps a work directory of its own.
+The example pipeline goes in through stdin, so its steps get the absolute workingDir that
+applying its file would give them; each test gives the steps a work directory of its own.
 """
 
 import itertools
@@ -48,6 +48,7 @@ def _pipeline(work: Path, *, without_eval: bool = False) -> list[dict[str, Any]]
             else document["spec"]
         )
         spec["env"]["WORK"] = str(work)
+        spec["workingDir"] = str(PIPELINE.parent)  # `.` in the file: its directory
     if without_eval:
         documents = [d for d in documents if d["metadata"]["name"] != "eval"]
         collect = next(d for d in documents if d["metadata"]["name"] == "collect")

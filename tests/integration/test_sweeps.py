@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy
 
 from controller import jobs, manager, scheduling, sweeps
-from gctl.api import binding, job, meta, sweep
+from gctl.api import binding, job, manifest, meta, sweep
 from gctl.cli import printers
-from gctl.store import db, store
+from gctl.store import applying, db, store
 from tests.builders import corrupt, make_job, put_ready_node, warnings_about
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -192,6 +192,45 @@ def test_a_files_sweep_expands_its_glob_on_the_controller(
     found = _children(database, "cfg")
     assert sorted(found) == ["cfg-large", "cfg-small"]
     assert found["cfg-small"]["spec"]["command"] == "train small.toml small"
+
+
+def test_a_files_sweeps_relative_glob_is_the_manifests_directorys(
+    database: db.Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Applied from one directory, reconciled by a controller in another: the glob is taken
+    from the manifest's directory, through the template's workingDir or, with none, as an
+    absolute glob whose `{file}` names the file wherever the Jobs run."""
+    project = tmp_path / "proj"
+    (project / "configs").mkdir(parents=True)
+    for stem in ("small", "large"):
+        (project / "configs" / f"{stem}.toml").write_text("x = 1\n")
+    text = "".join(
+        f"---\napiVersion: gctl/v1\nkind: Sweep\nmetadata: {{name: {name}}}\nspec:\n"
+        f"  files: configs/*.toml\n  template:\n    spec:\n      command: t {{file}}\n{more}"
+        for name, more in (("in-dir", "      workingDir: .\n"), ("alone", ""))
+    )
+    (project / "sweeps.yaml").write_text(text)
+    for where in ("apply", "controller"):
+        (tmp_path / where).mkdir()
+    monkeypatch.chdir(tmp_path / "apply")
+    loaded = manifest.load(["../proj/sweeps.yaml"], recursive=False, namespace="default")
+    applying.apply(database, loaded, force=False, dry_run=False)
+    monkeypatch.chdir(tmp_path / "controller")
+    for name in ("in-dir", "alone"):
+        _reconcile_sweep(database, name)
+    in_dir, alone = _children(database, "in-dir"), _children(database, "alone")
+    assert {n: w["spec"]["command"] for n, w in in_dir.items()} == {
+        "in-dir-large": "t configs/large.toml",
+        "in-dir-small": "t configs/small.toml",
+    }
+    assert {w["spec"]["workingDir"] for w in in_dir.values()} == {str(project)}
+    assert {n: w["spec"]["command"] for n, w in alone.items()} == {
+        "alone-large": f"t {project}/configs/large.toml",
+        "alone-small": f"t {project}/configs/small.toml",
+    }
+    assert all("workingDir" not in w["spec"] for w in alone.values())  # the agent's, as before
+    again = applying.apply(database, manifest.load([str(project)], False, "default"), False, False)
+    assert [action.verb for action, _ in again] == ["unchanged", "unchanged"]
 
 
 def test_a_files_sweep_that_matches_nothing_says_so(database: db.Database) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gctl.api import errors, job, manifest, pool, quantity
+from gctl.api import errors, job, manifest, pool, quantity, sweep
 
 GOOD = """
 apiVersion: gctl/v1
@@ -300,3 +300,63 @@ def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
 def test_stdin() -> None:
     loaded = manifest.load(["-"], recursive=False, namespace="default", stdin_text=GOOD)
     assert str(loaded[0].source) == "<stdin>: document 1"
+
+
+# -- relative paths: the manifest's directory's ------------------------------------------------
+
+WORKING_DIRS = {  # as written: as stored, for a manifest in /proj/team
+    "sub": "/proj/team/sub",
+    "./a/../b/": "/proj/team/b",
+    ".": "/proj/team",
+    "/abs/./x": "/abs/./x",  # absolute: as written
+    "~/runs": "~/runs",  # the home directory's: as written
+    "": "",  # empty, as absent: the agent's directory
+}
+
+
+def test_a_relative_working_dir_is_made_absolute_against_the_files_directory() -> None:
+    text = "---\n".join(
+        _job(f"{{command: x, workingDir: {given!r}}}", f"j{i}")
+        for i, given in enumerate(WORKING_DIRS)
+    )
+    parsed = manifest.parse("/proj/team/job.yaml", text + "---\n" + _job("{command: x}", "none"))
+    stored = [m.obj.spec.working_dir for m in parsed if isinstance(m.obj, job.Job)]
+    assert stored == [*WORKING_DIRS.values(), None]
+
+
+def test_a_sweeps_paths_are_made_absolute_and_its_placeholders_kept() -> None:
+    template = "{spec: {command: x, workingDir: %s}}"
+    text = "---\n".join(
+        [
+            _sweep("{items: [a], template: %s}" % (template % "'runs/{item}'"), "in-dir"),
+            _sweep("{files: 'c/*.toml', template: %s}" % (template % "."), "files-in-dir"),
+            _sweep("{files: 'c/*.toml', template: {spec: {command: x}}}", "files-alone"),
+            _sweep("{files: '~/c/*.toml', template: {spec: {command: x}}}", "files-home"),
+        ]
+    )
+    parsed = manifest.parse("/p/[y]/sweep.yaml", text)
+    specs = [m.obj.spec for m in parsed if isinstance(m.obj, sweep.Sweep)]
+    assert [(s.files, s.template.spec.working_dir) for s in specs] == [
+        (None, "/p/[y]/runs/{item}"),
+        ("c/*.toml", "/p/[y]"),  # relative to its workingDir, as before
+        ("/p/[[]y]/c/*.toml", None),  # no workingDir: the glob is the file's directory's
+        ("~/c/*.toml", None),
+    ]
+    point = sweep.points(specs[0], None)[0]
+    assert sweep.render_spec(specs[0], point).working_dir == "/p/[y]/runs/a"
+
+
+def test_a_relative_path_with_the_current_directory_gone_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert manifest.parse("<stdin>", _job("{command: x, workingDir: /abs}"))
+    with pytest.raises(errors.Invalid) as caught:
+        manifest.parse("<stdin>", _job("{command: x, workingDir: sub}"))
+    assert str(caught.value) == (
+        "<stdin>: document 1 (Job \"h\"): spec.workingDir: 'sub' is relative, but the current "
+        "directory is gone: give an absolute path"
+    )
