@@ -99,9 +99,10 @@ def expand(spec: sweep.SweepSpec, cwd: str | None = None) -> list[str]:
     workingDir, apply made the glob absolute. A relative path that an older gctl stored is
     taken from this process's directory, as it was then."""
     pattern = os.path.expanduser(spec.files or "")
-    base = os.path.join(
-        cwd or os.getcwd(), os.path.expanduser(spec.template.spec.working_dir or "")
-    )
+    # As the Jobs get it: `{{x}}` is a literal `{x}` (there are no placeholders: apply refuses
+    # them in a workingDir that a glob is relative to).
+    directory = sweep.fill(spec.template.spec.working_dir or "", {}, "workingDir")
+    base = os.path.join(cwd or os.getcwd(), os.path.expanduser(directory))
     if os.path.isabs(pattern):
         matches = glob.glob(pattern, recursive=True)
     else:

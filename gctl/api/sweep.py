@@ -144,7 +144,7 @@ class SweepSpec(meta.Model):
         for path, value in templated(self.template.spec):
             fill(value, dict.fromkeys(known, ""), f"template.spec.{path}")
         directory = self.template.spec.working_dir
-        if self.files is not None and directory and _PLACEHOLDER.search(directory):
+        if self.files is not None and directory and has_placeholders(directory):
             raise meta.FieldError(
                 "template.spec.workingDir",
                 "has placeholders, but a files glob is expanded against it: write it without "
@@ -195,8 +195,11 @@ class Sweep(meta.Resource):
         runs, and `{file}` names the file wherever the Jobs run. A glob relative to a
         workingDir stays relative, as `{file}` is then relative to where the Jobs run."""
         template = self.spec.template.spec
+        # The directory goes in front of placeholders: written so that it fills as itself.
         template.working_dir = job.absolute(
-            template.working_dir, directory, "spec.template.spec.workingDir"
+            template.working_dir,
+            None if directory is None else literal(directory),
+            "spec.template.spec.workingDir",
         )
         if self.spec.files is not None and not template.working_dir:
             self.spec.files = job.absolute(
@@ -340,6 +343,17 @@ def fill(value: str, values: Mapping[str, str], where: str) -> str:
         )
 
     return _PLACEHOLDER.sub(replace, value)
+
+
+def has_placeholders(value: str) -> bool:
+    """Whether `fill` would put something in `value` (a `{{x}}` is a literal, no placeholder)."""
+    return any(match.group(2) is not None for match in _PLACEHOLDER.finditer(value))
+
+
+def literal(value: str) -> str:
+    """`value` written so that `fill` gives it back unchanged: each `{x}` as `{{x}}`, each
+    `{{x}}` as `{{{x}}}` (a directory's name may hold braces)."""
+    return _PLACEHOLDER.sub(lambda match: "{" + match.group(0) + "}", value)
 
 
 def render_spec(spec: SweepSpec, point: Point) -> job.JobSpec:

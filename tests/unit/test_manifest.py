@@ -334,16 +334,16 @@ def test_a_sweeps_paths_are_made_absolute_and_its_placeholders_kept() -> None:
             _sweep("{files: '~/c/*.toml', template: {spec: {command: x}}}", "files-home"),
         ]
     )
-    parsed = manifest.parse("/p/[y]/sweep.yaml", text)
+    parsed = manifest.parse("/p/{x}/[y]/sweep.yaml", text)
     specs = [m.obj.spec for m in parsed if isinstance(m.obj, sweep.Sweep)]
     assert [(s.files, s.template.spec.working_dir) for s in specs] == [
-        (None, "/p/[y]/runs/{item}"),
-        ("c/*.toml", "/p/[y]"),  # relative to its workingDir, as before
-        ("/p/[[]y]/c/*.toml", None),  # no workingDir: the glob is the file's directory's
+        (None, "/p/{{x}}/[y]/runs/{item}"),  # a brace in the directory's name: as itself
+        ("c/*.toml", "/p/{{x}}/[y]"),  # relative to its workingDir, as before
+        ("/p/{x}/[[]y]/c/*.toml", None),  # no workingDir: the glob is the file's directory's
         ("~/c/*.toml", None),
     ]
     point = sweep.points(specs[0], None)[0]
-    assert sweep.render_spec(specs[0], point).working_dir == "/p/[y]/runs/a"
+    assert sweep.render_spec(specs[0], point).working_dir == "/p/{x}/[y]/runs/a"
 
 
 def test_a_relative_path_with_the_current_directory_gone_is_one_line(

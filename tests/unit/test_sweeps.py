@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from controller import sweeps
 from gctl.api import errors, manifest, sweep
@@ -70,6 +71,28 @@ def test_files_expand_against_the_working_dir(tmp_path: Path) -> None:
     assert sweeps.expand(spec, cwd=str(tmp_path)) == ["configs/a.toml", "configs/b.toml"]
     absolute = _spec(files=f"{tmp_path}/configs/a.*", template={"spec": {"command": "{file}"}})
     assert sweeps.expand(absolute) == [f"{tmp_path}/configs/a.toml"]
+
+
+def test_a_glob_in_a_directory_named_with_braces_applies_again_and_expands(
+    tmp_path: Path,
+) -> None:
+    """The manifest's directory goes in front of workingDir written as a literal (`{{x}}`):
+    not a placeholder to refuse when applied again, and what the controller globs in."""
+    project = tmp_path / "{x}"
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "a.toml").write_text("")
+    text = (
+        "apiVersion: gctl/v1\nkind: Sweep\nmetadata: {name: s}\nspec:\n  files: configs/*\n"
+        "  template: {spec: {command: 't {file}', workingDir: .}}\n"
+    )
+    (parsed,) = manifest.parse(str(project / "s.yaml"), text)
+    assert isinstance(parsed.obj, sweep.Sweep)
+    (again,) = manifest.parse("<stdin>", yaml.safe_dump(parsed.obj.wire()))
+    assert isinstance(again.obj, sweep.Sweep)
+    assert again.obj.spec == parsed.obj.spec
+    assert sweeps.expand(again.obj.spec) == ["configs/a.toml"]
+    point = sweep.points(again.obj.spec, ["configs/a.toml"])[0]
+    assert sweep.render_spec(again.obj.spec, point).working_dir == str(project)
 
 
 # -- placeholders ------------------------------------------------------------------------------
