@@ -89,6 +89,21 @@ def list_kind(
     return listing.Snapshot(revision, wires)
 
 
+def watched(db_url: str | None) -> db.Database:
+    """The database a watch (-w, --watch-only) follows, opened before anything is listed: an
+    absent SQLite file reads as an empty database but has no change feed to follow, and the
+    watch fails at once, in one line, rather than after printing an empty list."""
+    from gctl.store import db
+
+    database = db.Database.open(db_url, create=False)
+    try:
+        database.must_exist("watch")
+    except BaseException:
+        database.close()
+        raise
+    return database
+
+
 def number_queue(
     shown: list[views.Wire], jobs: list[views.Wire], pools: list[views.Wire], read: queue.ReadNamed
 ) -> None:
@@ -267,6 +282,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
     following = flags.watch or flags.watch_only
     keep = _selection(info, flags)
     where = scope(info, flags.namespace, flags.all_namespaces)
+    database = watched(db_url) if following else None
     if output == "" and not names and not following and info is kinds.JOB:
         pages = listing.read_pages(locations.resolve_url(db_url), info, where)
         if pages is not None:
@@ -309,13 +325,11 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
         for name in missing:
             print(f"error: {not_found(info, name, where)}", file=sys.stderr)
         raise SystemExit(1)
-    if following:
-        from gctl.store import db
-
+    if database is not None:
         sys.stdout.flush()
         _watch(
             db_url=db_url,
-            database=db.Database.open(db_url, create=False),
+            database=database,
             kind=info.kind,
             revision=snapshot.revision,
             where=where,

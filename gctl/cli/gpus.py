@@ -19,7 +19,7 @@ from gctl.api import errors, kinds, selector
 from gctl.cli import cells, fitting, printers, views
 
 if TYPE_CHECKING:
-    from gctl.store import store
+    from gctl.store import db, store
 
 Wire = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name); "" for a Node's namespace
@@ -52,6 +52,7 @@ def get_gpus(
             label_selector is None or label_selector.matches(node["metadata"].get("labels", {}))
         )
 
+    database = getting.watched(db_url) if following else None
     listed = getting.list_kind(db_url, kinds.NODE, None, nodes or None)
     missing = sorted(set(nodes) - {w["metadata"]["name"] for w in listed.wires})
     if missing and not following:
@@ -72,13 +73,13 @@ def get_gpus(
             printers.print_objects(rows, output, table, single=False)
         elif not following:
             print("No resources found.", file=sys.stderr)
-    if following:
+    if database is not None:
         sys.stdout.flush()
-        _watch(db_url, min(listed.revision, held.revision), tracker, output, table)
+        _watch(database, min(listed.revision, held.revision), tracker, output, table)
 
 
 def _watch(
-    db_url: str | None,
+    database: db.Database,
     revision: int,
     tracker: Tracker,
     output: str,
@@ -88,9 +89,8 @@ def _watch(
     as `get -w` of the other kinds)."""
     from datetime import UTC, datetime
 
-    from gctl.store import db, feed
+    from gctl.store import feed
 
-    database = db.Database.open(db_url, create=False)
     try:
         kinds_watched = [kinds.NODE.kind, kinds.BINDING.kind]
         with feed.Watch(database, since=revision, kinds=kinds_watched) as changes:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
 
 from gctl.api import errors
 from gctl.store import driver, locations, notify, schema, writers
@@ -37,12 +38,17 @@ class Database:
     """One engine; `write()` and `read()` hand out sessions whose transaction they own."""
 
     def __init__(self, url: str, *, create: bool = True) -> None:
-        """`create`: make the SQLite file's directories where they are missing; without it, a
-        missing directory is errors.NotFound (a mistyped --db), for the commands that only
-        read or act on what is stored."""
+        """`create`: make the SQLite file (and its directories) where it is missing. Without
+        it, for the commands that only read or act on what is stored, a missing directory is
+        errors.NotFound (a mistyped --db), and a missing file in a directory that exists reads
+        as an empty database: `absent`, an in-memory stand-in with the current schema and
+        nothing in it, so that `gctl get nodes` before `gctl up` says "No resources found"
+        and leaves no stray file behind. Nothing is written to a stand-in (`write`), and it
+        has no change feed to follow (`must_exist`)."""
         self.url = url
         parsed = make_url(url)
         self.dialect = parsed.get_backend_name()
+        self.absent = False
         self.sqlite_path: Path | None = None
         # Rung after every committed write on SQLite: the change feed's wake-up (`notify`).
         self.notify_path: Path | None = None
@@ -62,6 +68,10 @@ class Database:
                     f"--db: no database at {self.sqlite_path}: no directory "
                     f"{self.sqlite_path.parent} (gctl up, apply and run create them)"
                 )
+            if not create and not self.sqlite_path.exists():
+                self.absent = True
+                self._stand_in()
+                return
             try:
                 _prepare_sqlite_file(self.sqlite_path)
             except OSError as exc:  # not a path a file can be made at: no retry helps
@@ -86,6 +96,25 @@ class Database:
                 "file path or postgresql://user@host/db"
             )
 
+    def _stand_in(self) -> None:
+        """An empty database in memory in place of the absent file: migrated as a new file is
+        (the same schema, the revision counter at 0), so that every read finds what an empty
+        database holds, through the same code."""
+        self.engine = create_engine(
+            "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
+        )
+        event.listen(self.engine, "connect", _sqlite_on_connect)
+        event.listen(self.engine, "begin", _sqlite_on_begin)
+        self.upgrade()
+
+    def must_exist(self, doing: str) -> None:
+        """Refuse `doing` where the SQLite file is absent: a watch or a write would create it."""
+        if self.absent:
+            raise errors.NotFound(
+                f"--db: no database at {self.sqlite_path} to {doing} (gctl up, apply and run "
+                "create it)"
+            )
+
     @classmethod
     def open(
         cls, flag: str | None = None, *, migrate: bool = True, create: bool = True
@@ -108,7 +137,15 @@ class Database:
     def write(self, *, bell: Path | None = None) -> Iterator[Session]:
         """One read-write transaction, committed when the block ends without an error. On
         SQLite, `bell` is rung after the commit instead of the change feed's (`notify_path`):
-        for writes that the feed does not carry."""
+        for writes that the feed does not carry.
+
+        On an absent file's stand-in, a transaction that only reads (as a delete of what is
+        not there: not found) runs as on an empty database; one that would change a row is
+        rolled back and refused, since what it wrote would vanish with the stand-in."""
+        if self.absent:
+            with self._write_nothing() as session:
+                yield session
+            return
         with (
             self._turns.turn() if self._turns is not None else contextlib.nullcontext(),
             translate_errors(self.url),
@@ -119,6 +156,14 @@ class Database:
         rung = bell or self.notify_path
         if rung is not None and self.sqlite_path is not None:  # committed: wake the watchers
             notify.ring(rung)
+
+    @contextmanager
+    def _write_nothing(self) -> Iterator[Session]:
+        with translate_errors(self.url), Session(self.engine) as session, session.begin():
+            before = _changes(session)
+            yield session
+            if _changes(session) != before:  # raised inside the transaction: rolled back
+                self.must_exist("write to")
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -167,6 +212,11 @@ class Database:
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
         return before, schema.HEAD
+
+
+def _changes(session: Session) -> int:
+    """The rows SQLite's connection has inserted, updated or deleted since it was opened."""
+    return int(session.execute(text("SELECT total_changes()")).scalar_one())
 
 
 def _version_in(conn: Any) -> str | None:

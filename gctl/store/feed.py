@@ -143,6 +143,7 @@ def channel_waker(
 ) -> Waker:
     """A waker of its own, for writes that the change feed does not carry: on SQLite the
     doorbell `bell`, on PostgreSQL NOTIFY on `channel` with one of `payloads`."""
+    database.must_exist("watch")
     if database.sqlite_path is not None:
         assert bell is not None, "a SQLite database needs a doorbell"
         return notify.bell(bell, stop)
@@ -164,6 +165,7 @@ class Watch(AbstractContextManager["Watch"]):
         self._after_id: int | None = None
         self._kinds = list(kinds) if kinds is not None else None
         self._stop = stop
+        database.must_exist("watch")  # its doorbell and its reader would create the file
         with db.translate_errors(database.url):
             self._waker = waker(database, stop)
         try:

@@ -107,9 +107,13 @@ def read(
     url: str, info: kinds.KindInfo, namespace: str | None, names: Sequence[str] | None = None
 ) -> Snapshot | None:
     """Objects of one kind (`namespace=None`: all) and the revision they were read at, or None
-    when this path cannot answer: no database yet, or a schema that first needs migrating."""
+    when this path cannot answer: no directory for the database (the Store says so), or a
+    schema that first needs migrating. An absent SQLite file in a directory that exists is
+    an empty database at revision 0, as gctl.store.db reads it, with nothing created."""
     if (path := locations.sqlite_path(url)) is not None:
-        return _read_sqlite(str(path), info, namespace, names) if path.exists() else None
+        if not path.exists():
+            return Snapshot(0, []) if path.parent.is_dir() else None
+        return _read_sqlite(str(path), info, namespace, names)
     if (conninfo := locations.libpq_url(url)) is not None:
         return _read_postgres(conninfo, info, namespace, names)
     return None

@@ -30,6 +30,7 @@ from gctl.api import job, pool, sweep
 from gctl.store import db, store, tables
 from tests.builders import JobBuilder, corrupt, make_job
 from tests.conftest import DIALECTS, Gctl, Result
+from tests.e2e.test_cmdserver import warm
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 GCTL_BIN = str(Path(sys.executable).parent / "gctl")
@@ -1377,6 +1378,80 @@ def test_a_command_that_only_reads_makes_no_directory_for_a_mistyped_db(
     )
     assert created.code == 0, created.err
     assert typo.is_file()
+
+
+# What each command that only reads or acts on what is stored says of an empty database: the
+# same of an absent SQLite file, in a directory that exists, which it leaves as it found it.
+EMPTY_READS = [
+    ["get", "jobs"],
+    ["get", "nodes", "-o", "wide"],
+    ["get", "jobs", "-o", "yaml"],
+    ["get", "jobs,sweeps", "-o", "json"],
+    ["get", "jobs", "-o", "name", "-A"],
+    ["get", "pools"],
+    ["get", "job", "x"],
+    ["get", "job/x", "sweep/y", "-o", "yaml"],
+    ["get", "gpus"],
+    ["get", "gpus", "n1"],
+    ["describe", "job", "x"],
+    ["describe", "jobs"],
+    ["logs", "x"],
+    ["logs", "x", "-f"],
+    ["wait", "job/x", "--for=delete", "--timeout=0"],
+    ["wait", "job/x", "--for=condition=Complete", "--timeout=5s"],
+    ["delete", "job", "x"],
+    ["delete", "job", "x", "--ignore-not-found"],
+    ["delete", "jobs", "--all", "-A"],
+    ["cordon", "n1"],
+    ["drain", "gpu0"],
+    ["uncordon", "node", "n1"],
+    ["rerun", "job", "x"],
+]
+
+
+@pytest.mark.parametrize("served", [True, False], ids=["served", "unserved"])
+def test_a_command_that_only_reads_an_absent_file_reads_an_empty_database(
+    tmp_path: Path, served: bool
+) -> None:
+    """QA: `gctl get jobs --db ~/gctl/typo.db` left an empty database behind (the file, its
+    -wal and -shm), where the directory existed. The commands that only read or act on what
+    is stored read an absent file as an empty database and write nothing, in the command
+    server's child as in a process of their own."""
+    env = {**os.environ} if served else {**os.environ, "GCTL_CLI_SERVER": "0"}
+    empty, absent = tmp_path / "empty" / "gctl.db", tmp_path / "absent" / "gctl.db"
+    absent.parent.mkdir()
+    made = run(["db", "upgrade", "--db", str(empty)], env, tmp_path)
+    assert made.code == 0, made.err
+    if served:
+        warm(Gctl(str(empty), tmp_path))
+
+    differ = []
+    for argv in EMPTY_READS:
+        said = run([*argv, "--db", str(empty)], env, tmp_path)
+        read = run([*argv, "--db", str(absent)], env, tmp_path)
+        if read != said:
+            differ.append(f"{argv}: {read} on the absent file, {said} on an empty one")
+    assert not differ, "\n".join(differ)
+    assert list(absent.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["get", "jobs", "-w"], ["get", "gpus", "--watch-only"]])
+def test_a_watch_of_an_absent_file_fails_at_once_and_writes_nothing(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """An absent file has no change feed to follow: a watch would have to create it to wait
+    on it. It says so, before printing anything, and leaves the directory empty."""
+    absent = tmp_path / "absent" / "gctl.db"
+    absent.parent.mkdir()
+
+    result = run([*argv, "--db", str(absent)], dict(os.environ), tmp_path, timeout=30)
+
+    assert result.code == 1
+    assert result.out == ""
+    assert error_line(result) == (
+        f"error: --db: no database at {absent} to watch (gctl up, apply and run create it)"
+    )
+    assert list(absent.parent.iterdir()) == []
 
 
 # -- concurrency -----------------------------------------------------------------------------

@@ -276,6 +276,7 @@ def test_a_caller_that_cannot_stop_keeps_its_command_running(local: Gctl) -> Non
 
 def test_a_streaming_command_runs_in_the_callers_process(local: Gctl) -> None:
     server = warm(local)
+    local.ok("db", "upgrade")  # a watch follows a database that exists (it makes none)
     process = subprocess.Popen(
         [GCTL_BIN, "get", "jobs", "-w"],
         stdout=subprocess.PIPE,

@@ -80,7 +80,7 @@ def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
     parts, stops them, says why and exits 0."""
     database = tmp_path / "gctl.db"
     env = {**os.environ, "GCTL_DB": str(database)}
-    subprocess.run([GCTL_BIN, "get", "nodes"], env=env, check=True, capture_output=True)
+    subprocess.run([GCTL_BIN, "db", "upgrade"], env=env, check=True, capture_output=True)
     log = tmp_path / "up.log"
     lock = sqlite3.connect(database, isolation_level=None)
     try:
@@ -186,7 +186,7 @@ def test_a_daemon_on_a_database_of_a_newer_gctl_stops_at_once(tmp_path: Path) ->
     schema this gctl does not know: no retry helps that, upgrading gctl does (review)."""
     database = tmp_path / "gctl.db"
     env = {**os.environ, "GCTL_DB": str(database)}
-    subprocess.run([GCTL_BIN, "get", "nodes"], env=env, check=True, capture_output=True)
+    subprocess.run([GCTL_BIN, "db", "upgrade"], env=env, check=True, capture_output=True)
     with sqlite3.connect(database) as connection:
         connection.execute("UPDATE alembic_version SET version_num = 'from-the-future'")
     done = subprocess.run(

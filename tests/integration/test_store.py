@@ -398,6 +398,33 @@ def test_sqlite_file_is_private_and_tuned(tmp_path: Path) -> None:
     database.close()
 
 
+def test_an_absent_sqlite_file_reads_empty_and_takes_no_write(tmp_path: Path) -> None:
+    """A command that only reads reads an absent file as an empty database (gctl.store.db);
+    a write that would change a row is refused, not kept in a stand-in that vanishes, and a
+    watch is refused: each would have nothing to show for it, or create the file."""
+    path = tmp_path / "gctl.db"
+    database = db.Database.open(str(path), create=False)
+    try:
+        with database.read() as session:
+            reader = store.Store(session)
+            assert (reader.current_revision(), reader.list_wire(job.Job)) == (0, [])
+        with (  # a write transaction that reads, as a delete of what is not there
+            pytest.raises(errors.NotFound, match='job "a" not found'),
+            database.write() as session,
+        ):
+            store.Store(session).get(job.Job, "a")
+        said = f"--db: no database at {path} to write to (gctl up, apply and run create it)"
+        with pytest.raises(errors.NotFound, match=re.escape(said)):
+            _create(database, make_job("a").build())
+        with database.read() as session:
+            assert store.Store(session).list_wire(job.Job) == []  # rolled back
+        with pytest.raises(errors.NotFound, match="to watch"):
+            feed.Watch(database, since=0)
+    finally:
+        database.close()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unreachable_postgres_is_one_clear_error() -> None:
     database = db.Database(locations.resolve_url("postgresql://postgres@127.0.0.1:1/nothing"))
     with pytest.raises(errors.Unavailable, match=r"127\.0\.0\.1:1/nothing"):
