@@ -481,17 +481,41 @@ def _gpu_all_jobs(row: Wire, _now: datetime) -> str:
     return ",".join(_gpu_holders(row)) or NONE
 
 
-def _gpu_jobs(row: Wire, _now: datetime) -> str:
-    names = _gpu_holders(row)
-    shown = names[:1]
+def jobs_within(names: Sequence[str], room: int) -> str:
+    """As many of `names` as fit in `room` columns, then `+N` for the rest. The first is
+    always shown, cut with `...` (its share kept) where even it does not fit beside its `+N`,
+    as a long message is cut: a sweep's Job names run to 40 characters and more, and one whole
+    pushed a row past the line."""
+    if not names:
+        return NONE
+    shown = list(names[:1])
     for name in names[1:]:
         rest = len(names) - len(shown) - 1
         more = f",+{rest}" if rest else ""
-        if len(",".join([*shown, name])) + len(more) > _JOBS_WIDTH:
+        if len(",".join([*shown, name])) + len(more) > room:
             break
         shown.append(name)
     hidden = len(names) - len(shown)
-    return ",".join(shown) + (f",+{hidden}" if hidden else "") or NONE
+    more = f",+{hidden}" if hidden else ""
+    if len(shown) == 1:
+        shown[0] = _cut_name(shown[0], room - len(more))
+    return ",".join(shown) + more
+
+
+def _cut_name(name: str, room: int) -> str:
+    """`name` in `room` columns, ending in `...` when cut; a share, `(0.25)`, stays."""
+    if len(name) <= room:
+        return name
+    share = name[name.index("(") :] if name.endswith(")") else ""
+    return name[: max(room - len(share) - 3, 1)] + "..." + share
+
+
+def _gpu_jobs(row: Wire, _now: datetime) -> str:
+    return jobs_within(_gpu_holders(row), _JOBS_WIDTH)
+
+
+def _gpu_jobs_in(row: Wire, room: int) -> str:
+    return jobs_within(_gpu_holders(row), min(room, _JOBS_WIDTH))
 
 
 def _gpu_other(row: Wire, _now: datetime) -> str:
@@ -521,6 +545,12 @@ COLUMNS[GPU_VIEW] = (
     ],
     [("UUID", field("uuid")), ("OTHER-PIDS", _gpu_other_pids)],
 )
+
+# Columns before the last that give way, by table: where the first rows printed would pass the
+# line, each is narrowed to what the others leave it (printers.Table), read with that room.
+NARROWING: dict[tuple[str, str], Callable[[Wire, int], str]] = {
+    (GPU_VIEW, "JOBS"): _gpu_jobs_in,  # a long model and a long sweep Job's name
+}
 
 FREE_TEXT = "MESSAGE"  # a column printed last, as kubectl's `get events` does: it gives way
 # Cells that -o wide shows whole, in place of what the plain table shortens.

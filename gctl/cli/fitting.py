@@ -2,7 +2,7 @@
 
 A table fits a 100-column terminal: output to a pipe or a file assumes that width, output to a
 terminal uses the terminal's own. What gives way is free text (a message, a list of labels),
-never the cells that say which object a row is.
+or a list such as `get gpus`' JOBS, never the cells that say which object a row is.
 """
 
 import os
@@ -11,6 +11,7 @@ from typing import TextIO
 
 WIDTH = 100  # columns, when the output is no terminal (a pipe, a file, a test)
 MIN_ROOM = 20  # a free-text cell keeps at least this much, even when that overflows the line
+MIN_NARROWED = 12  # a column narrowed before the last (get gpus' JOBS) keeps at least this much
 
 _COUNT = re.compile(r" \(x\d+\)$")  # `(x3)`: how often an event happened, kept when cut
 _SPACE = re.compile(r"\s")

@@ -3,7 +3,8 @@
 Printers work on wire dicts (as stored), never on validated models: `gctl get` over thousands
 of objects must not pay for validation. What each table's columns show is in `cells`. A plain
 table fits the terminal (100 columns through a pipe: `fitting`) by cutting or wrapping its
-last column, free text; -o wide cuts nothing, as kubectl's.
+last column, free text, and narrowing a column that gives way (`get gpus`' JOBS); -o wide cuts
+nothing, as kubectl's.
 """
 
 import json
@@ -25,7 +26,9 @@ class Table:
 
     A plain table fits `width` columns by what its last column shows: a message is cut (-o
     wide and describe show it whole), labels wrap onto lines of their own below it; the cells
-    before it, which say what the row is, are never touched. -o wide cuts nothing."""
+    before it, which say what the row is, are never touched. A column before it that gives way
+    (`cells.NARROWING`: `get gpus`' JOBS) is narrowed to what the others leave it, where the
+    first batch would pass the line. -o wide cuts nothing."""
 
     def __init__(
         self,
@@ -47,14 +50,21 @@ class Table:
         self.columns = sorted(columns, key=lambda column: column[0] == cells.FREE_TEXT)
         self.width = None if wide else width
         self.widths: list[int] | None = None
+        self._narrowing = {
+            i: narrowed
+            for i, (title, _) in enumerate(self.columns)
+            if not wide and (narrowed := cells.NARROWING.get((kind, title))) is not None
+        }
+        self._rooms: dict[int, int] = {}  # column -> the room it was narrowed to
 
     def lines(self, wires: Sequence[Wire], now: datetime, header: bool) -> list[str]:
         grid = [self._row(w, now) for w in wires]
         titles = [title for title, _ in self.columns]
         if self.widths is None:
-            self.widths = [
-                max([len(titles[i])] + [len(row[i]) for row in grid]) for i in range(len(titles))
-            ]
+            self.widths = _widths(titles, grid)
+            if self._narrow(titles):
+                grid = [self._row(w, now) for w in wires]
+                self.widths = _widths(titles, grid)
         last = len(self.widths) - 1
         start = sum(self.widths[:last]) + len(_GAP) * last  # the last column's
         lines = []
@@ -65,11 +75,29 @@ class Table:
             lines.extend(" " * start + piece for piece in more)
         return lines
 
+    def _narrow(self, titles: list[str]) -> bool:
+        """Narrow the columns that give way by what the line passes the width by, each to no
+        less than its title and fitting.MIN_NARROWED; whether any was. Later rows (a watch's)
+        are read in the same room, so they line up."""
+        assert self.widths is not None
+        if self.width is None:
+            return False
+        over = sum(self.widths) + len(_GAP) * (len(self.widths) - 1) - self.width
+        for i in self._narrowing:
+            room = max(self.widths[i] - over, len(titles[i]), fitting.MIN_NARROWED)
+            if over > 0 and room < self.widths[i]:
+                self._rooms[i] = room
+                over -= self.widths[i] - room
+        return bool(self._rooms)
+
     def _row(self, w: Wire, now: datetime) -> list[str]:
         """The object's cells; where one cannot be worked out of an object that does not
         validate as stored, what `as_stored` shows instead: the row is still listed."""
         try:
-            return [read(w, now) for _, read in self.columns]
+            return [
+                read(w, now) if i not in self._rooms else self._narrowing[i](w, self._rooms[i])
+                for i, (_, read) in enumerate(self.columns)
+            ]
         except Exception:
             if not views.malformed(self.kind, w):
                 raise
@@ -81,6 +109,10 @@ class Table:
             return [cell]
         room = fitting.room(self.width, start)
         return fitting.wrap(cell, room) if title == "LABELS" else [fitting.cut(cell, room)]
+
+
+def _widths(titles: list[str], grid: list[list[str]]) -> list[int]:
+    return [max([len(titles[i])] + [len(row[i]) for row in grid]) for i in range(len(titles))]
 
 
 # Cells worked out of one stored value, by kind and column: the value they show as stored

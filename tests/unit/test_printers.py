@@ -352,7 +352,13 @@ def test_gpu_memory_says_the_unit_once(used: int | None, total: int | None, text
         (["a"], "a"),
         (["eval-a(0.5)", "eval-b(0.5)"], "eval-a(0.5),eval-b(0.5)"),
         (["eval-a", "eval-b", "eval-c", "eval-d", "eval-e"], "eval-a,eval-b,eval-c,+2"),
-        (["a-very-long-job-name-indeed-yes", "b"], "a-very-long-job-name-indeed-yes,+1"),
+        # The first name is always shown: cut with `...` where even it does not fit, its
+        # share kept, as a long message is cut (it was shown whole, and a long sweep Job's
+        # name pushed the row past 100 columns).
+        (["a-very-long-job-name-indeed-yes", "b"], "a-very-long-job-na...,+1"),
+        (["a-very-long-job-name-indeed-yes(0.5)", "b(0.5)"], "a-very-long-j...(0.5),+1"),
+        (["lr-sweep-learning-rate-0.0003-batch-64-7"], "lr-sweep-learning-rat..."),
+        (["exactly-twenty-four-char"], "exactly-twenty-four-char"),
     ],
 )
 def test_gpu_jobs_stay_narrow(names: list[str], text: str) -> None:
@@ -361,6 +367,57 @@ def test_gpu_jobs_stay_narrow(names: list[str], text: str) -> None:
         for n in names
     ]
     assert cells._gpu_jobs(_gpu_row(jobs=jobs), NOW) == text
+
+
+LONG_SWEEP_JOB = "lr-sweep-learning-rate-0.0003-batch-64-7"  # a sweep's Job, named by values
+
+
+@pytest.mark.parametrize("model", ["NVIDIA A100-SXM4-80GB", "NVIDIA RTX 6000 Ada Generation"])
+def test_a_gpu_row_with_a_long_job_name_and_a_long_model_fits_100_columns(model: str) -> None:
+    """QA: `get gpus` never cut the first job's name, so a long sweep Job's name beside a long
+    model passed 100 columns through a pipe. JOBS gives way (to 24 columns, and below that
+    to what the other columns leave it); -o wide names every job whole."""
+    jobs = [
+        {"namespace": "default", "name": LONG_SWEEP_JOB, "share": 0.5},
+        {"namespace": "default", "name": LONG_SWEEP_JOB[:-1] + "8", "share": 0.5},
+    ]
+    readings = {"node": "gpu-node-01", "model": model, "utilization": 100}
+    used = {"memoryUsed": int(79.3 * 2**30), "memoryTotal": 80 * 2**30}
+    rows = [
+        _gpu_row(**readings, **used, index=0, jobs=jobs, status="Draining"),
+        _gpu_row(**readings, **used, index=1, jobs=jobs[:1]),
+        _gpu_row(**readings, index=2, memoryUsed=2**29, memoryTotal=80 * 2**30),
+    ]
+
+    header, shared, alone, idle = printers.Table(cells.GPU_VIEW, False, False, False).lines(
+        rows, NOW, header=True
+    )
+    wide = printers.Table(cells.GPU_VIEW, True, False, False).lines(rows, NOW, header=True)
+
+    assert max(len(line) for line in [header, shared, alone, idle]) <= 100, [shared, alone]
+    assert _jobs_cell(header, shared).startswith("lr-")
+    assert _jobs_cell(header, shared).endswith("...(0.5),+1")
+    assert _jobs_cell(header, alone).endswith("...(0.5)")
+    assert _jobs_cell(header, idle) == "<none>"
+    assert _jobs_cell(wide[0], wide[1]) == ",".join(f"{j['name']}(0.5)" for j in jobs)
+    assert _jobs_cell(wide[0], wide[2]) == f"{LONG_SWEEP_JOB}(0.5)"
+
+
+def _jobs_cell(header: str, line: str) -> str:
+    """A row's JOBS, by where its column starts and OTHER's does (a model holds spaces)."""
+    return line[header.index("JOBS") : header.index("OTHER")].strip()
+
+
+def test_gpu_jobs_narrowed_for_a_watch_stay_so() -> None:
+    """Rows a watch prints later are read in the room the first batch left JOBS."""
+    model = "NVIDIA RTX 6000 Ada Generation"
+    table = printers.Table(cells.GPU_VIEW, False, False, False)
+    jobs = [{"namespace": "default", "name": LONG_SWEEP_JOB, "share": 1.0}]
+    first = table.lines([_gpu_row(model=model, jobs=jobs, node="gpu-node-01")], NOW, header=True)
+    later = table.lines([_gpu_row(model=model, jobs=jobs * 3, node="gpu-node-01")], NOW, False)
+
+    assert max(len(line) for line in [*first, *later]) <= 100
+    assert len(_jobs_cell(first[0], later[0])) == len(_jobs_cell(first[0], first[1]))
 
 
 def test_gpu_other_is_memory_of_processes_gctl_did_not_start() -> None:
