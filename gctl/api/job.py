@@ -224,18 +224,19 @@ class JobSpec(meta.Model):
         return names
 
 
-def absolute(path: str | None, directory: str | None, field: str) -> str | None:
-    """`path` made absolute against `directory` (the manifest's) if it is relative, as docker
+def absolute(path: str | None, directory: meta.Directory, field: str) -> str | None:
+    """`path` made absolute against `directory()` (the manifest's) if it is relative, as docker
     compose and kustomize read a path in a file: what it means then does not depend on where
     the daemon that uses it was started. Absent, empty (the agent's directory) or starting with
     `~` (left to whoever reads it, as written), it stays as it is."""
     if not path or os.path.isabs(path) or path.startswith("~"):
         return path
-    if directory is None:
+    base = directory()
+    if base is None:
         raise meta.FieldError(
             field, f"{path!r} is relative, but the current directory is gone: give an absolute path"
         )
-    return os.path.normpath(os.path.join(directory, path))
+    return os.path.normpath(os.path.join(base, path))
 
 
 def pin_problem(listed: int, count: float) -> str | None:
@@ -280,10 +281,11 @@ class Job(meta.Resource):
     def waits_for(self) -> list[tuple[str, str]]:
         return [(f"spec.dependsOn[{i}]", name) for i, name in enumerate(self.spec.depends_on)]
 
-    def resolve_paths(self, directory: str | None) -> None:
+    def resolve_paths(self, directory: meta.Directory) -> None:
         """A relative workingDir is the manifest's directory's (successFile and a relative
         command follow it, being relative to workingDir)."""
-        self.spec.working_dir = absolute(self.spec.working_dir, directory, "spec.workingDir")
+        if self.spec.working_dir:  # (a pydantic model's assignment costs, even unchanged)
+            self.spec.working_dir = absolute(self.spec.working_dir, directory, "spec.workingDir")
 
 
 def rerun_requested(j: Job) -> str | None:

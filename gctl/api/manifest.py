@@ -4,6 +4,7 @@ Every failure is an `errors.Invalid` whose message is one line naming the file, 
 the object and the field path, so the CLI can print it as it is.
 """
 
+import functools
 import json
 import os
 import re
@@ -106,7 +107,7 @@ def parse(file: str, text: str) -> list[Manifest]:
     """Parse and validate every document of one file. Relative paths in the objects (a Job's
     workingDir, a Sweep's) are made absolute against the file's directory, or the current one
     when `file` names no file (`<stdin>`, `gctl run`)."""
-    directory = _directory_of(file)
+    directory = functools.partial(_directory_of, file)  # asked for where a path is relative
     document = _json_document(text)
     if document is not None:
         return list(_objects(Source(file, 1), document, directory))
@@ -167,7 +168,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"invalid YAML: {exc}"
 
 
-def _objects(source: Source, document: object, directory: str | None) -> Iterator[Manifest]:
+def _objects(source: Source, document: object, directory: meta.Directory) -> Iterator[Manifest]:
     if not isinstance(document, dict):
         raise errors.Invalid(
             f"{source}: expected a mapping with apiVersion, kind, metadata and spec, "
@@ -183,7 +184,7 @@ def _objects(source: Source, document: object, directory: str | None) -> Iterato
 
 
 def _validate(
-    source: Source, document: dict[str, Any], prefix: str, directory: str | None
+    source: Source, document: dict[str, Any], prefix: str, directory: meta.Directory
 ) -> meta.Resource:
     what = _describe(document)
     where = f"{source} ({what})" if what else str(source)

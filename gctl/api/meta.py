@@ -1,5 +1,6 @@
 """What every object shares: apiVersion and kind, metadata, conditions, and the name rules."""
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Final, Literal
 
@@ -10,6 +11,9 @@ from gctl.api import kinds, names
 
 API_VERSION: Final = kinds.API_VERSION
 DEFAULT_NAMESPACE = kinds.DEFAULT_NAMESPACE
+# The directory of the manifest an object came from, worked out when first asked for (None:
+# the current directory is gone): `Resource.resolve_paths`.
+Directory = Callable[[], str | None]
 
 
 # The validation context of what a user gives: a manifest (apply, diff, sync) or `gctl run`, all
@@ -185,10 +189,10 @@ class Resource(Model):
         for: a Job's or a Sweep's dependsOn; nothing for other kinds."""
         return []
 
-    def resolve_paths(self, directory: str | None) -> None:
-        """Make the relative paths of its spec absolute against `directory`, the directory of
-        the manifest it came from (None: not known, the current directory being gone); only a
-        Job's and a Sweep's have paths."""
+    def resolve_paths(self, directory: Directory) -> None:
+        """Make the relative paths of its spec absolute against `directory()`, the directory
+        of the manifest it came from (None: not known, the current directory being gone),
+        asked for only where a path is relative; only a Job's and a Sweep's have paths."""
 
     def wire(self) -> dict[str, Any]:
         """The object as stored and printed: camelCase, without None or empty fields."""

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePath
@@ -188,7 +188,7 @@ class Sweep(meta.Resource):
             *((f"spec.dependsOn[{i}]", name) for i, name in enumerate(self.spec.depends_on)),
         ]
 
-    def resolve_paths(self, directory: str | None) -> None:
+    def resolve_paths(self, directory: meta.Directory) -> None:
         """A relative template workingDir is the manifest's directory's, as a Job's. So is a
         relative files glob with no workingDir to be relative to (it was the controller's
         directory): it is stored absolute, so that the controller globs there wherever it
@@ -198,13 +198,17 @@ class Sweep(meta.Resource):
         # The directory goes in front of placeholders: written so that it fills as itself.
         template.working_dir = job.absolute(
             template.working_dir,
-            None if directory is None else literal(directory),
+            lambda: _written(directory(), literal),
             "spec.template.spec.workingDir",
         )
         if self.spec.files is not None and not template.working_dir:
             self.spec.files = job.absolute(
-                self.spec.files, None if directory is None else glob.escape(directory), "spec.files"
+                self.spec.files, lambda: _written(directory(), glob.escape), "spec.files"
             )
+
+
+def _written(directory: str | None, write: Callable[[str], str]) -> str | None:
+    return None if directory is None else write(directory)
 
 
 # -- points and names --------------------------------------------------------------------------
