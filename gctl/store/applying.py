@@ -304,7 +304,7 @@ def apply_at(
             return done
     from gctl.store import db
 
-    database = db.Database.open(url)
+    database = db.Database.open(url, create=not dry_run)  # a dry run makes no database
     try:
         return apply(database, manifests, force, dry_run, options, wait_gone=wait_gone)
     finally:

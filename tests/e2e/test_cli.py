@@ -1406,6 +1406,11 @@ EMPTY_READS = [
     ["drain", "gpu0"],
     ["uncordon", "node", "n1"],
     ["rerun", "job", "x"],
+    # What apply would do, without doing it: nothing to write, so nothing to create either.
+    ["diff", "-f", str(EXAMPLES / "hello.yaml")],
+    ["diff", "--applyset", "demo", "--prune", "-f", str(EXAMPLES / "hello.yaml")],
+    ["apply", "--dry-run", "-f", str(EXAMPLES)],
+    ["apply", "--dry-run", "--applyset", "demo", "-f", str(EXAMPLES / "hello.yaml")],
 ]
 
 
