@@ -107,7 +107,8 @@ def parse(file: str, text: str) -> list[Manifest]:
     """Parse and validate every document of one file. Relative paths in the objects (a Job's
     workingDir, a Sweep's) are made absolute against the file's directory, or the current one
     when `file` names no file (`<stdin>`, `gctl run`)."""
-    directory = functools.partial(_directory_of, file)  # asked for where a path is relative
+    # Asked for where a path is relative, and worked out once: a List of 500 Jobs is one file.
+    directory = functools.cache(functools.partial(_directory_of, file))
     document = _json_document(text)
     if document is not None:
         return list(_objects(Source(file, 1), document, directory))
@@ -133,10 +134,14 @@ def parse(file: str, text: str) -> list[Manifest]:
 
 
 def _directory_of(file: str) -> str | None:
-    """The directory a manifest's relative paths are relative to; None if the current
-    directory is gone (an error only for a manifest that has a relative path)."""
+    """The directory a manifest's relative paths are relative to, as the kernel finds it
+    (symlinks resolved, as `gctl sync` resolves its directory and `gctl run` stores the current
+    one): `l/job.yaml` through a link `l` and `job.yaml` in its target store the same path, and
+    `../data` past a link means what it means to the agent's chdir, not what dropping the
+    link's name would. None if the current directory is gone (an error only for a manifest
+    that has a relative path)."""
     try:
-        return os.path.dirname(os.path.abspath(file))
+        return os.path.realpath(os.path.dirname(file))  # "" (`<stdin>`): the current one
     except OSError:
         return None
 

@@ -360,3 +360,24 @@ def test_a_relative_path_with_the_current_directory_gone_is_one_line(
         "<stdin>: document 1 (Job \"h\"): spec.workingDir: 'sub' is relative, but the current "
         "directory is gone: give an absolute path"
     )
+
+
+def test_a_manifest_reached_through_a_symlink_stores_the_path_the_agent_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory is taken as the kernel finds it, as `gctl sync` and `gctl run` take
+    theirs: `..` past a symlink means what it means to the agent's chdir, and the same file
+    stores the same path whichever way it is named (so it applies `unchanged`)."""
+    real = tmp_path.resolve()
+    (real / "proj").mkdir()
+    (real / "elsewhere").mkdir()
+    (real / "elsewhere" / "link").symlink_to(real / "proj")
+    text = _job("{command: x, workingDir: ../data}")
+    monkeypatch.chdir(real)
+    named = [
+        manifest.parse(file, text)[0].obj.spec.working_dir
+        for file in ("proj/job.yaml", "elsewhere/link/job.yaml", f"{real}/elsewhere/link/job.yaml")
+    ]
+    monkeypatch.chdir(real / "elsewhere" / "link")
+    named.append(manifest.parse("job.yaml", text)[0].obj.spec.working_dir)
+    assert named == [str(real / "data")] * 4
