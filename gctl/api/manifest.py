@@ -8,10 +8,10 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 import yaml
@@ -20,6 +20,7 @@ from gctl.api import dependencies, errors, kinds, meta, names
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 STDIN = "-"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def parse(file: str, text: str) -> list[Manifest]:
     workingDir, a Sweep's) are made absolute against the file's directory, or the current one
     when `file` names no file (`<stdin>`, `gctl run`)."""
     # Asked for where a path is relative, and worked out once: a List of 500 Jobs is one file.
-    directory = functools.cache(functools.partial(_directory_of, file))
+    directory = _once(functools.partial(_directory_of, file))
     document = _json_document(text)
     if document is not None:
         return list(_objects(Source(file, 1), document, directory))
@@ -131,6 +132,18 @@ def parse(file: str, text: str) -> list[Manifest]:
         source = Source(file, index)
         manifests.extend(_objects(source, document, directory))
     return manifests
+
+
+def _once(work: Callable[[], T]) -> Callable[[], T]:
+    """`work`, done at its first call only (functools.cache costs more to make, once a file)."""
+    done: list[T] = []
+
+    def result() -> T:
+        if not done:
+            done.append(work())
+        return done[0]
+
+    return result
 
 
 def _directory_of(file: str) -> str | None:
