@@ -290,6 +290,7 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
             return
     snapshot = list_kind(db_url, info, where, names or None)
     wires = with_named_default(info, snapshot.wires, names, filled=output in ("yaml", "json"))
+    stored = wires
     if keep is not None:
         wires = [w for w in wires if keep(w)]
     missing = sorted(set(names) - {w["metadata"]["name"] for w in wires})
@@ -312,8 +313,8 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
                 list_kind(db_url, kinds.GPUPOOL, None, None).wires,
                 lambda kind, ns, its: list_kind(db_url, kind, ns, its).wires,
             )
-        if info is kinds.GPUPOOL and not names and keep is None:
-            wires = views.with_implicit_default(wires)
+        if info is kinds.GPUPOOL and not names:  # selected as a stored pool would be
+            wires = [w for w in views.with_implicit_default(stored) if keep is None or keep(w)]
         wires = with_views(db_url, info.kind, wires)
     if not flags.watch_only:
         if wires or (output in ("yaml", "json") and not names):

@@ -335,6 +335,26 @@ def test_get_jobs_by_field_shows_the_queue_as_squeue_does(
     )
 
 
+def test_get_pools_selects_the_implicit_default_pool_as_a_stored_one(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """QA: `get pools` shows a `default` row while no such pool is stored, but `get pools
+    --field-selector metadata.name=default` said "No resources found": a selector picks among
+    the rows `get pools` shows, the implicit one too."""
+    with database.write() as session:
+        store.Store(session).create(pool.GPUPool.model_validate({"metadata": {"name": "a100"}}))
+
+    def names(*argv: str) -> list[str]:
+        found = gctl("get", "pools", *argv)
+        return [row[0] for row in table(found.out)[1]] if found.out else []
+
+    assert names() == ["a100", "default"]
+    assert names("--field-selector", "metadata.name=default") == ["default"]
+    assert names("--field-selector", "metadata.name!=default") == ["a100"]
+    assert names("-l", "team=nlp") == []
+    assert names("-l", "!team") == ["a100", "default"]
+
+
 def test_delete_by_field_clears_the_failed_jobs_only(gctl: Gctl, database: db.Database) -> None:
     seed(database, make_job("done"), make_job("failed-a"), make_job("failed-b"), make_job("queued"))
     _finish(database, "done", "Succeeded")
