@@ -108,15 +108,18 @@ def ready(node: Wire) -> bool:
 
 
 def gpu_state(node: Wire, index: int, busy: bool) -> str:
-    """Ready, Cordoned, Draining (jobs still on it), Drained (none left) or NotReady."""
+    """Ready, Cordoned, Draining (jobs still on it) or Drained (none left); on a node that is
+    not Ready, NotReady, then the GPU's own state where it is not Ready (`NotReady,Cordoned`),
+    as `get nodes` says `NotReady,SchedulingDisabled`: what it comes back as."""
     spec = node["spec"]
-    if not ready(node):
-        return "NotReady"
+    state = "Ready"
     if spec.get("draining") or index in spec.get("drainingGPUs", []):
-        return "Draining" if busy else "Drained"
-    if spec.get("unschedulable") or index in spec.get("cordonedGPUs", []):
-        return "Cordoned"
-    return "Ready"
+        state = "Draining" if busy else "Drained"
+    elif spec.get("unschedulable") or index in spec.get("cordonedGPUs", []):
+        state = "Cordoned"
+    if not ready(node):
+        return "NotReady" if state == "Ready" else f"NotReady,{state}"
+    return state
 
 
 def node_status(node: Wire, busy: bool | None) -> str:

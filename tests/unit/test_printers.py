@@ -131,7 +131,11 @@ def _bound(job: str, node: str, gpus: list[int], phase: str = "Running") -> dict
         ({"draining": True, "unschedulable": True}, True, True, "Draining"),
         ({"draining": True, "unschedulable": True}, True, False, "Drained"),
         ({"drainingGPUs": [1]}, True, False, "Ready"),  # another GPU drains
-        ({"cordonedGPUs": [0]}, False, False, "NotReady"),
+        ({}, False, False, "NotReady"),
+        # What it comes back as, as get nodes says NotReady,SchedulingDisabled.
+        ({"cordonedGPUs": [0]}, False, False, "NotReady,Cordoned"),
+        ({"cordonedGPUs": [1]}, False, False, "NotReady"),
+        ({"draining": True, "unschedulable": True}, False, True, "NotReady,Draining"),
     ],
 )
 def test_gpu_state(spec: dict[str, Any], ready: bool, busy: bool, state: str) -> None:
