@@ -504,10 +504,13 @@ def jobs_within(names: Sequence[str], room: int) -> str:
 
 
 def _cut_name(name: str, room: int) -> str:
-    """`name` in `room` columns, ending in `...` when cut; a share, `(0.25)`, stays."""
+    """`name` in `room` columns, ending in `...` when cut; a share, `(0.25)`, stays where a
+    letter of the name still fits beside it."""
     if len(name) <= room:
         return name
     share = name[name.index("(") :] if name.endswith(")") else ""
+    if room - len(share) - 3 < 1:
+        share = ""
     return name[: max(room - len(share) - 3, 1)] + "..." + share
 
 

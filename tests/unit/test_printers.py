@@ -373,6 +373,17 @@ def test_gpu_jobs_stay_narrow(names: list[str], text: str) -> None:
     assert cells._gpu_jobs(_gpu_row(jobs=jobs), NOW) == text
 
 
+@pytest.mark.parametrize("count", [1, 2, 4, 12])
+@pytest.mark.parametrize("share", [None, 0.25, 0.125])
+def test_gpu_jobs_fit_the_narrowest_room(count: int, share: float | None) -> None:
+    """Review: at the narrowest JOBS (fitting.MIN_NARROWED), `l...(0.25),+3` took 13 columns
+    of 12: the share goes where not even a letter of the name fits beside it."""
+    names = [f"lr-sweep-{i}{f'({share})' if share else ''}" for i in range(count)]
+    text = cells.jobs_within(names, fitting.MIN_NARROWED)
+    assert len(text) <= fitting.MIN_NARROWED, text
+    assert text.startswith("lr")
+
+
 LONG_SWEEP_JOB = "lr-sweep-learning-rate-0.0003-batch-64-7"  # a sweep's Job, named by values
 
 
