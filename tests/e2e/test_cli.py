@@ -265,6 +265,20 @@ def test_apply_examples_creates_then_is_unchanged(gctl: Gctl, database: db.Datab
     assert revision(database) == before  # and not a single write
 
 
+def test_every_example_goes_in_one_database(gctl: Gctl) -> None:
+    """A new user tries the README's examples one after another in one database: no two may
+    define the same object, and no Job may share a Sweep's name, or a `dependsOn` naming the
+    Sweep would wait for the Job instead (a name is looked up as a Job first)."""
+    manifests = EXAMPLES.parent
+    gctl.ok("apply", "-R", "-f", str(manifests), "--dry-run")
+    names: dict[str, set[str]] = {"Job": set(), "Sweep": set()}
+    for path in sorted(manifests.rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and document["kind"] in names:
+                names[document["kind"]].add(document["metadata"]["name"])
+    assert not names["Job"] & names["Sweep"]
+
+
 # -- get -------------------------------------------------------------------------------------
 
 
