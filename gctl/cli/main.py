@@ -37,6 +37,30 @@ class _Root(TyperGroup):
             raise SystemExit(0) from None
         return result
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """The command and its arguments, with kubectl's `--dry-run=VALUE` read for `apply`."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if name == "apply":
+            rest = _kubectl_dry_run(rest)
+        return name, cmd, rest
+
+
+def _kubectl_dry_run(args: list[str]) -> list[str]:
+    """`--dry-run=client` and `=server` as `--dry-run`, `=none` as no dry run at all.
+
+    kubectl has deprecated a bare `--dry-run` for these, so they are what its users type; gctl
+    has one kind of dry run, which reads the database as kubectl's server-side one does, so
+    both values mean it. Rewritten here because typer cannot declare a flag whose value is
+    optional."""
+    kept = []
+    for arg in args:
+        value = arg.removeprefix("--dry-run=") if arg.startswith("--dry-run=") else None
+        if value not in (None, "client", "server", "none"):
+            fail(f"{arg}: use --dry-run, or kubectl's --dry-run=client, =server or =none", 2)
+        if value != "none":
+            kept.append(arg if value is None else "--dry-run")
+    return kept
+
 
 app = typer.Typer(
     name="gctl",

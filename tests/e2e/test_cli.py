@@ -702,6 +702,25 @@ def test_dry_run_changes_nothing(gctl: Gctl, database: db.Database) -> None:
     assert stored(database) == before
 
 
+def test_dry_run_takes_kubectls_values(gctl: Gctl, database: db.Database) -> None:
+    """`--dry-run=client` is how kubectl users write it (a bare --dry-run is deprecated
+    there); `=server` means the same here, and `=none` applies."""
+    hello = make_job("hello").yaml()
+    for value in ("client", "server"):
+        out = gctl.ok("apply", "-f", "-", f"--dry-run={value}", stdin=hello)
+        assert out == "job.gctl/hello created (dry run)\n"
+    assert stored(database) == {}
+
+    bad = gctl("apply", "--dry-run=yes", "-f", "-", stdin=hello)
+    assert (bad.code, bad.out) == (2, "")
+    assert error_line(bad) == (
+        "error: --dry-run=yes: use --dry-run, or kubectl's --dry-run=client, =server or =none"
+    )
+
+    assert gctl.ok("apply", "--dry-run=none", "-f", "-", stdin=hello) == "job.gctl/hello created\n"
+    assert list(stored(database)) == ["hello"]
+
+
 # -- bad input -------------------------------------------------------------------------------
 
 JOB_HEAD = "apiVersion: gctl/v1\nkind: Job\nmetadata:\n  name: bad\n"
