@@ -48,13 +48,14 @@ _BY_WORD: dict[str, KindInfo] = {
 }
 
 
-def by_word(word: str) -> KindInfo:
-    """`jobs`, `job`, `job.gctl`, `pools` -> the kind; NotFound names the known words."""
+def by_word(word: str, views: tuple[str, ...] = ()) -> KindInfo:
+    """`jobs`, `job`, `job.gctl`, `pools` -> the kind; NotFound names the known words, and
+    `views`: what the command also takes that is no stored kind (`get gpus`)."""
     key = word.lower().removesuffix(".gctl")
     try:
         return _BY_WORD[key]
     except KeyError:
-        known = ", ".join(info.plural for info in ALL)
+        known = ", ".join((*(info.plural for info in ALL), *views))
         raise errors.NotFound(
             f'the server doesn\'t have a resource type "{word}" (known: {known})'
         ) from None

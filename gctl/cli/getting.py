@@ -25,16 +25,19 @@ if TYPE_CHECKING:
     from gctl.store import db
 
 
-def resource_and_names(resource: str, names: list[str]) -> list[tuple[kinds.KindInfo, list[str]]]:
+def resource_and_names(
+    resource: str, names: list[str], views: tuple[str, ...] = ()
+) -> list[tuple[kinds.KindInfo, list[str]]]:
     """`jobs a b`, `sweeps,jobs` (each kind, with the names if any), or `job/a job/b sweep/c`
-    as kubectl takes them: the names of each kind, the kinds in the order first named."""
+    as kubectl takes them: the names of each kind, the kinds in the order first named. An
+    unknown KIND's error lists the kinds and `views` (`get` takes `gpus` too, not as gpus/NAME)."""
     if "/" not in resource:
         slashed = next((n for n in names if "/" in n), None)
         if slashed is not None:
             raise errors.Invalid(
                 f"{slashed}: name objects as KIND NAME... or as KIND/NAME..., not both"
             )
-        found = {info.kind: info for info in map(kinds.by_word, resource.split(","))}
+        found = {info.kind: info for info in (kinds.by_word(w, views) for w in resource.split(","))}
         return [(info, names) for info in found.values()]
     groups: dict[str, tuple[kinds.KindInfo, list[str]]] = {}
     for given in [resource, *names]:
@@ -227,7 +230,7 @@ def get(*, resource: str, names: list[str], flags: GetFlags) -> None:
     """`gctl get`: each kind named in turn, a blank line between their tables (as kubectl);
     a name not found fails the command once every kind is printed."""
     printers.check_output(flags.output)
-    groups = resource_and_names(resource, names)
+    groups = resource_and_names(resource, names, views=("gpus",))
     if (flags.selector_text or flags.field_selector_text) and any(g for _, g in groups):
         # As kubectl: a named object the selector does not match was said to be not found.
         raise errors.Invalid("-l and --field-selector go with KIND alone, not names")

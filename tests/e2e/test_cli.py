@@ -537,6 +537,19 @@ def test_get_unknown_job_fails(gctl: Gctl, database: db.Database) -> None:
     assert '"nope"' in error_line(result)
 
 
+def test_get_of_an_unknown_kind_names_every_word_get_takes(gctl: Gctl) -> None:
+    """`gpus` is no stored kind, but `get` takes it: its error lists it; describe's does not."""
+    kinds = "jobs, sweeps, gpupools, gpuprofiles, applysets, nodes, bindings, events"
+
+    got, described = gctl("get", "gp"), gctl("describe", "gp")
+
+    assert (
+        error_line(got)
+        == f'error: the server doesn\'t have a resource type "gp" (known: {kinds}, gpus)'
+    )
+    assert error_line(described).endswith(f"(known: {kinds})")
+
+
 def test_get_nothing_says_so_on_stderr(gctl: Gctl) -> None:
     result = gctl("get", "jobs")
     assert (result.code, result.out) == (0, "")
