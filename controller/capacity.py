@@ -121,7 +121,9 @@ class Capacity:
             request.gpu_memory,
             request.gpu_model,
             request.node,
+            request.allowed,
             request.pinned,
+            request.nodes,
             request.deadline,
         )
 
@@ -142,7 +144,14 @@ class Capacity:
     # -- 1. filter ---------------------------------------------------------------------------
 
     def _static(self, request: snapshot.Request, pool: snapshot.Pool) -> snapshot.Static:
-        key = (pool.name, request.gpu_model, request.gpu_memory, request.node, request.pinned)
+        key = (
+            pool.name,
+            request.gpu_model,
+            request.gpu_memory,
+            request.node,
+            request.allowed,
+            request.pinned,
+        )
         cached = self.statics.get(key)
         if cached is not None:
             return cached

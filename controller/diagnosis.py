@@ -34,8 +34,10 @@ def filter_gpu(slot: snapshot.Slot, request: snapshot.Request, pool: snapshot.Po
     gpu = slot.gpu
     if not _in_pool(pool, gpu, slot.node):
         return f"not in pool {pool.name}"
-    if (request.node is not None and gpu.node != request.node) or (
-        request.pinned is not None and gpu.index not in request.pinned
+    if (
+        (request.node is not None and gpu.node != request.node)
+        or (request.allowed is not None and gpu.node not in request.allowed)
+        or (request.pinned is not None and gpu.index not in request.pinned)
     ):
         return "excluded by spec.placement"
     if not slot.node.ready:
@@ -55,7 +57,9 @@ def filter_node(n: snapshot.Node, request: snapshot.Request, pool: snapshot.Pool
     """The first filter a node fails for a CPU-only request, or None."""
     if not selection.takes_node(n.name, n.labels, pool.nodes, pool.node_labels):
         return f"not in pool {pool.name}"
-    if request.node is not None and n.name != request.node:
+    if (request.node is not None and n.name != request.node) or (
+        request.allowed is not None and n.name not in request.allowed
+    ):
         return "excluded by spec.placement"
     if not n.ready:
         return "NotReady"

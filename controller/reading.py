@@ -442,6 +442,14 @@ def request_of(w: Wire, world: World) -> placement.Request:
     pinned = tuple(pinned_spec["gpus"]) if pinned_spec.get("gpus") is not None else None
     if pinned is not None and problem is None:
         problem = _pin_mismatch(pinned, float(gpus), wanted_profile)
+    nodes = int(resources.get("nodes") or 1)
+    if nodes > 1 and problem is None and (float(gpus) < 1 or float(gpus) != int(gpus)):
+        problem = (  # its profile gave it a fraction, or none
+            job.REASON_UNSCHEDULABLE,
+            f"a Job on {nodes} nodes takes whole GPUs on each, but GPUProfile "
+            f'"{wanted_profile}" gives {quantity.format_gpus(float(gpus))}: set resources.gpus',
+        )
+    allowed = pinned_spec.get("nodes")
     deadline = queue.time_limit(spec)
     runtime = world.run_times.get(command_key(spec.get("command"))) if world.run_times else None
     request = placement.Request(
@@ -455,6 +463,8 @@ def request_of(w: Wire, world: World) -> placement.Request:
         pool=queue.pool_of(w),
         priority=int(spec.get("priority", 0)),
         created=parse_time(w["metadata"].get("creationTimestamp")),
+        nodes=nodes,
+        allowed=None if allowed is None else frozenset(allowed),
         deadline=deadline,
         runtime=timedelta(seconds=deadline) if deadline else runtime,
         problem=problem,

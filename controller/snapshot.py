@@ -98,6 +98,9 @@ class Request:
     pool: str = DEFAULT_POOL
     priority: int = 0
     created: datetime | None = None
+    # A multi-node Job: `nodes` nodes at once, `gpus` whole GPUs on each (all or none).
+    nodes: int = 1
+    allowed: frozenset[str] | None = None  # spec.placement.nodes: the nodes it may use
     deadline: int | None = None  # activeDeadlineSeconds
     length: float = 0.0  # queue.length_key: its place among equal priorities in its pool
     runtime: timedelta | None = None  # expected: the deadline, or earlier runs' median
@@ -114,6 +117,13 @@ class Placement:
     # Bound ahead: the attempts on these GPUs it starts after, as stored (Allocations) or
     # placed earlier in this pass (their Requests). Empty: it starts now.
     after: tuple["Allocation | Request", ...] = ()
+    # A multi-node Job's other members, by rank from 1: (node, GPUs) each; `node` and `gpus`
+    # above are rank 0's.
+    members: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def ranks(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(node, GPUs) of every member, by rank: one for a single-node Job."""
+        return [(self.node, self.gpus), *self.members]
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,15 @@ class BindingSpec(meta.Model):
     # because its Job changed): the agent takes it from its supervisor, if the job has not
     # started, and reports it Pending again; the agent neither takes nor arms it while set.
     disarm: bool = False
+    # One member of a multi-node attempt (Job resources.nodes > 1): its rank, and every
+    # member's node by rank (rank 0's first). The members are bound together, run together
+    # and stopped together; the agent tells the process its rank and where rank 0 listens
+    # (MASTER_ADDR, MASTER_PORT: `master_addr`, the hostname rank 0's node reports, and
+    # `master_port`, the same for every member). Single-node attempts leave these unset.
+    rank: int | None = Field(default=None, ge=0)
+    members: list[str] = Field(default_factory=list)
+    master_addr: str | None = None
+    master_port: int | None = Field(default=None, ge=1, le=65535)
 
 
 class BindingStatus(meta.Model):
@@ -73,6 +82,13 @@ class BindingStatus(meta.Model):
     log_path: str | None = None
     signal: str | None = None
     success_file: SuccessFile | None = None  # set only when the Job names a successFile
+
+
+def name_of(job_name: str, attempt: int, rank: int = 0) -> str:
+    """An attempt's Binding: `<job>-<attempt>`, a multi-node attempt's other members
+    `<job>-<attempt>-r<rank>` (no other Job's attempt has that name: it ends in digits after
+    its last `-`); so two passes cannot both bind it."""
+    return f"{job_name}-{attempt}" if rank == 0 else f"{job_name}-{attempt}-r{rank}"
 
 
 def queued(spec: BindingSpec, status: BindingStatus) -> bool:

@@ -52,6 +52,9 @@ REQUEUE_REASONS: frozenset[str] = frozenset({REASON_PREEMPTED, REASON_EVICTED})
 ANNOTATION_RERUN = "gctl/rerun"
 ANNOTATION_RERUN_REASON = "gctl/rerun-reason"
 
+# The most nodes one multi-node Job may span.
+MAX_NODES = 256
+
 # Once a Job leaves Pending these spec fields are fixed: changing them means a new run.
 IMMUTABLE_ONCE_STARTED: tuple[str, ...] = ("command", "resources", "placement")
 
@@ -109,6 +112,9 @@ class Resources(meta.Model):
     gpu_memory: MemoryQuantity | None = None
     gpu_model: str | None = Field(default=None, min_length=1)
     profile: meta.DNSSubdomain | None = None
+    # A multi-node Job (Slurm's --nodes, a PyTorchJob's replicas): this many nodes at once,
+    # `gpus` whole GPUs on each, started together and ended together. Absent: one node.
+    nodes: int | None = Field(default=None, ge=1, le=MAX_NODES)
 
     @model_validator(mode="after")
     def _default_count(self) -> "Resources":
@@ -116,6 +122,10 @@ class Resources(meta.Model):
         if self.gpus is None and self.profile is None:
             self.gpus = 1
         return self
+
+    def node_count(self) -> int:
+        """The nodes the Job runs on at once: one unless it is a multi-node Job."""
+        return self.nodes or 1
 
     def gpu_count(self) -> float:
         """The GPUs asked for, before any profile is applied."""
@@ -158,12 +168,34 @@ def signal_name(value: str) -> str:
 
 
 class Placement(meta.Model):
-    """Pinning: run on this node and/or on these GPU indices. As many GPUs as the Job asks for
-    pin it to them; more are the GPUs it may use, the scheduler choosing among them (the
-    allowed-GPU lists of the schedulers gctl replaces, `0-3` for a 1-GPU job)."""
+    """Pinning: run on this node (or on some of `nodes`) and/or on these GPU indices. As many
+    GPUs as the Job asks for pin it to them; more are the GPUs it may use, the scheduler
+    choosing among them (the allowed-GPU lists of the schedulers gctl replaces, `0-3` for a
+    1-GPU job). A multi-node Job's `gpus` are the indices it may use on each of its nodes, and
+    its `nodes` the nodes it may use (as many as it asks for pin it to them)."""
 
     node: meta.DNSSubdomain | None = None
+    nodes: list[meta.DNSSubdomain] | None = Field(default=None, min_length=1)
     gpus: list[Annotated[int, Field(ge=0)]] | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _distinct_nodes(cls, nodes: list[str] | None) -> list[str] | None:
+        if nodes is not None and len(set(nodes)) != len(nodes):
+            raise ValueError("lists a node twice")
+        return nodes
+
+    @model_validator(mode="after")
+    def _node_or_nodes(self) -> "Placement":
+        if self.node is not None and self.nodes is not None:
+            raise meta.FieldError("nodes", "give node (one) or nodes (a list), not both")
+        return self
+
+    def allowed_nodes(self) -> list[str] | None:
+        """The nodes the Job may run on, if pinned to some."""
+        if self.node is not None:
+            return [self.node]
+        return self.nodes
 
     @field_validator("gpus")
     @classmethod
@@ -216,6 +248,28 @@ class JobSpec(meta.Model):
             )
         return placement
 
+    @model_validator(mode="after")
+    def _multi_node(self) -> "JobSpec":
+        """A multi-node Job takes whole GPUs on each node, and as many nodes as it asks for."""
+        nodes = self.resources.node_count()
+        gpus = self.resources.gpus
+        if nodes > 1 and gpus is not None and (gpus < 1 or gpus != int(gpus)):
+            raise meta.FieldError(
+                "resources.gpus",
+                f"a Job on {nodes} nodes takes whole GPUs on each: give 1 or more (not "
+                f"{quantity.format_gpus(gpus)})",
+            )
+        placement = self.placement
+        allowed = None if placement is None else placement.allowed_nodes()
+        if allowed is not None and len(allowed) < nodes:
+            field = "placement.node" if placement and placement.node else "placement.nodes"
+            raise meta.FieldError(
+                field,
+                f"lists {len(allowed)} node(s) but resources.nodes asks for {nodes}: list at "
+                f"least {nodes} in placement.nodes",
+            )
+        return self
+
     @field_validator("depends_on")
     @classmethod
     def _distinct_dependencies(cls, names: list[str]) -> list[str]:
@@ -259,6 +313,7 @@ class JobStatus(meta.Model):
     retry_after: datetime | None = None
     node: str | None = None
     gpus: list[int] | None = None
+    nodes: list[str] | None = None  # a multi-node Job's nodes, by rank (`node` is rank 0's)
     start_time: datetime | None = None
     completion_time: datetime | None = None
     exit_code: int | None = None
