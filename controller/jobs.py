@@ -5,9 +5,14 @@ Scheduled -> Running when the agent reports the process; Succeeded, Failed or ba
 (with capped exponential back-off) when an attempt ends; stops attempts past their deadline,
 suspended or deleted; deletes finished Jobs whose TTL ran out. It returns when it wants to run
 again (a deadline or TTL coming due), never sleeps, and running it twice does no harm.
+
+A multi-node Job's attempt is one Binding per node (its members): it runs once every member
+has started, and ends once every member has; a member that ends badly (fails, is lost, or is
+stopped) has the others stopped (`STOP_MEMBER_ENDED`), and the member whose end came first
+decides the attempt's outcome as a single-node attempt's end would.
 """
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controller import cycles, sweeps
@@ -84,6 +89,11 @@ def _reconcile(
     *,
     finder: cycles.Finder,
 ) -> datetime | None:
+    members = _members(attempts)
+    if members:
+        return _reconcile_members(
+            writer, j, attempts, now, backoff_base, members=members, finder=finder
+        )
     active = next((b for b in attempts if b.status.phase in binding.ACTIVE_PHASES), None)
     if j.metadata.deletion_timestamp is not None:
         _finish_deletion(writer, j, attempts, active)
@@ -214,13 +224,18 @@ def _follow_active(
     return due
 
 
-def _record_started(writer: store.Store, j: job.Job, attempt: binding.Binding) -> None:
-    pid = f" (pid {attempt.status.pid})" if attempt.status.pid is not None else ""
+def _record_started(
+    writer: store.Store,
+    j: job.Job,
+    attempt: binding.Binding,
+    members: list[binding.Binding] | None = None,
+) -> None:
+    where = ", ".join(
+        f"{b.spec.node}" + (f" (pid {b.status.pid})" if b.status.pid is not None else "")
+        for b in members or [attempt]
+    )
     writer.record_event(
-        j,
-        "Started",
-        f"attempt {attempt.spec.attempt} started on {attempt.spec.node}{pid}",
-        source=SOURCE,
+        j, "Started", f"attempt {attempt.spec.attempt} started on {where}", source=SOURCE
     )
 
 
@@ -405,6 +420,7 @@ def _requeue(
     j.status.message = message
     j.status.node = None
     j.status.gpus = None
+    j.status.nodes = None
     if reason not in _SAME_RUN:
         j.status.start_time = None
     meta.set_condition(
@@ -495,3 +511,131 @@ def _check_pending(
     if changed:
         writer.update_status(j)
     return j.status.retry_after if j.status.retry_after and j.status.retry_after > now else None
+
+
+# -- multi-node attempts ---------------------------------------------------------------------
+
+
+def _members(attempts: list[binding.Binding]) -> list[binding.Binding]:
+    """The latest attempt's Bindings, by rank, if it is a multi-node attempt; else none."""
+    if not attempts or attempts[-1].spec.rank is None:
+        return []
+    number = attempts[-1].spec.attempt
+    its = [b for b in attempts if b.spec.attempt == number and b.spec.rank is not None]
+    return sorted(its, key=lambda b: b.spec.rank or 0)
+
+
+def _reconcile_members(
+    writer: store.Store,
+    j: job.Job,
+    attempts: list[binding.Binding],
+    now: datetime,
+    backoff_base: timedelta,
+    *,
+    members: list[binding.Binding],
+    finder: cycles.Finder,
+) -> datetime | None:
+    """`_reconcile` for a Job whose latest attempt is a multi-node one."""
+    active = [b for b in members if b.status.phase in binding.ACTIVE_PHASES]
+    if j.metadata.deletion_timestamp is not None:
+        for member in active:
+            _stop(writer, member, binding.STOP_DELETED)
+        if not active:
+            _finish_deletion(writer, j, attempts, None)
+        return None
+    token = job.rerun_requested(j)
+    if token is not None:
+        if not active:
+            _rerun(writer, j, None, token, now)
+        elif any(m.spec.stop_reason is None for m in active):
+            for member in active:
+                _stop(writer, member, binding.STOP_RERUN)
+            why = j.metadata.annotations.get(job.ANNOTATION_RERUN_REASON) or "gctl rerun"
+            message = f"{why}: stopping attempt {members[0].spec.attempt} to run the Job again"
+            writer.record_event(j, job.REASON_RERUN, message, source=SOURCE)
+        return None
+    if active:
+        return _follow_members(writer, j, members, active, now)
+    if j.status.phase in ("Scheduled", "Running"):
+        if members[0].spec.attempt == j.status.attempts and _complete(members):
+            _account(writer, j, _deciding(members), now, backoff_base)
+        else:  # Bindings deleted by hand: the attempt is gone
+            number = j.status.attempts
+            message = f"attempt {number} (or a member of it) disappeared; retrying"
+            _requeue(writer, j, job.REASON_ATTEMPT_LOST, message, now)
+        return None
+    if j.status.phase in job.FINISHED_PHASES:
+        return _expire(writer, j, now)
+    return _check_pending(writer, j, now, finder)
+
+
+def _follow_members(
+    writer: store.Store,
+    j: job.Job,
+    members: list[binding.Binding],
+    active: list[binding.Binding],
+    now: datetime,
+) -> datetime | None:
+    """`_follow_active` for a multi-node attempt: stop every member when one ended badly (or
+    is missing), or when the Job is suspended or past its deadline; Running once all run."""
+    if j.spec.suspend:
+        for member in active:
+            _stop(writer, member, binding.STOP_SUSPENDED)
+        return None
+    ended = [b for b in members if b.status.phase not in binding.ACTIVE_PHASES]
+    if not _complete(members) or any(not _ended_well(b) for b in ended):
+        for member in active:
+            _stop(writer, member, binding.STOP_MEMBER_ENDED)
+        return None
+    starts = [b.status.start_time for b in members]
+    if j.status.phase != "Running" and all(starts):
+        j.status.phase = "Running"
+        j.status.start_time = j.status.start_time or min(t for t in starts if t) or now
+        j = writer.update_status(j)
+        _record_started(writer, j, members[0], members)
+    deadline = j.spec.active_deadline_seconds
+    if deadline is None or j.status.start_time is None:
+        return None
+    early = j.spec.stop_warning.seconds if j.spec.stop_warning else 0
+    due = quantity.after(j.status.start_time, max(0, deadline - early))
+    if due is None:
+        return None
+    if now >= due:
+        for member in active:
+            _stop(writer, member, binding.STOP_DEADLINE)
+        return None
+    return due
+
+
+def _complete(members: list[binding.Binding]) -> bool:
+    """Whether every member of the attempt is there (none was deleted by hand)."""
+    return len(members) == len(members[0].spec.members)
+
+
+def _ended_well(member: binding.Binding) -> bool:
+    """A member that exited on its own and did its work: the others go on."""
+    return (
+        member.status.phase == "Exited"
+        and member.spec.stop_reason is None
+        and binding.succeeded(member.status)
+    )
+
+
+def _deciding(members: list[binding.Binding]) -> binding.Binding:
+    """The member whose end decides how the attempt ended: the first to end badly (lost,
+    stopped for a reason of its own, or failed; not one stopped because another ended), its
+    message naming its rank and node; rank 0 when all did their work."""
+    ended = sorted(
+        members,
+        key=lambda b: (b.status.finish_time or datetime.max.replace(tzinfo=UTC), b.spec.rank or 0),
+    )
+    for member in ended:
+        stopped_for_another = member.status.reason == binding.STOP_MEMBER_ENDED
+        if _ended_well(member) or stopped_for_another:
+            continue
+        deciding = member.model_copy(deep=True)
+        status = deciding.status
+        how = status.message or f"exit code {status.exit_code}"
+        status.message = f"rank {member.spec.rank} on {member.spec.node}: {how}"
+        return deciding
+    return members[0]

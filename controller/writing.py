@@ -2,8 +2,9 @@
 
 `apply` takes the pass's decisions in queue order. Jobs bound ahead that move or wait again give
 up their places first (their Bindings removed as read; one that waits again goes back to
-Pending, `REASON_UNBOUND`). Each placement then creates the attempt's Binding (`attempt_of`:
-named `<job>-<attempt>`, unique, so a second controller racing on the same attempt fails) and
+Pending, `REASON_UNBOUND`). Each placement then creates the attempt's Binding (`members_of`:
+named `<job>-<attempt>`, unique, so a second controller racing on the same attempt fails; a
+multi-node Job's attempt one per member, all in one transaction) and
 moves the Job to Scheduled with the CAS of the Job it read, `BATCH` Jobs at a time; each
 preemption sets `stopReason: Preempted` on its victims' Bindings; each Job left waiting gets its
 Scheduled=False condition and estimated start, written only when they changed (`telling`).
@@ -104,10 +105,10 @@ def apply(
             late = True
             continue
         if len(batch) >= BATCH or _waits_for(d, batch):
-            _bind(writer, batch, pools, created, now)
+            _bind(writer, batch, pools, created, now, hostnames=world.hostnames)
             batch = []
         batch.append((d, stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])))
-    _bind(writer, batch, pools, created, now)
+    _bind(writer, batch, pools, created, now, hostnames=world.hostnames)
     if late:
         return
     if not _preempt(writer, [d for d in decisions if d.victims], by_key, world, budget):
@@ -317,23 +318,31 @@ def _bind(
     pools: dict[str, placement.Pool],
     created: dict[Key, str],
     now: datetime,
+    *,
+    hostnames: dict[str, str],
 ) -> None:
     """Bind each Job's next attempt (or, for a Job bound ahead that moves, the same attempt
     again) and move it to Scheduled: one write per kind of object for the whole batch. Notes
     the new Bindings' uids in `created`."""
     if not batch:
         return
-    attempts, jobs, events = [], [], []
+    attempts: list[binding.Binding] = []
+    jobs, events = [], []
+    firsts = []  # the index in `attempts` of each Job's first (rank 0) Binding
     for d, j in batch:
         assert d.placement is not None
         rules = pools.get(d.request.pool) or placement.Pool()
         after = _uids(d, created)
         attempt, message = _bound(j, d.placement, now, after=after)
-        attempts.append(attempt_of(j, attempt, d.placement, rules, after))
+        firsts.append(len(attempts))
+        attempts.extend(
+            members_of(j, attempt, d.placement, rules, after=after, hostnames=hostnames)
+        )
         jobs.append(j)
         events.append(store.Occurrence(j, "Scheduled", message, source=SOURCE))
-    for (d, _), made in zip(batch, writer.create_many(attempts), strict=True):
-        created[(d.request.namespace, d.request.name)] = made.metadata.uid or ""
+    made = writer.create_many(attempts)
+    for (d, _), first in zip(batch, firsts, strict=True):
+        created[(d.request.namespace, d.request.name)] = made[first].metadata.uid or ""
     writer.write_back(jobs)
     writer.record_events(events)
 
@@ -352,6 +361,7 @@ def _bound(
     status.attempts = attempt
     status.node = decision.node
     status.gpus = list(decision.gpus)
+    status.nodes = [node for node, _ in decision.ranks()] if decision.members else None
     status.retry_after = None
     # The exit code is the last ended attempt's: kept while the Job waits in the queue (it
     # says how the attempt before ended), gone once a new attempt is bound, until it ends.
@@ -365,8 +375,10 @@ def _bound(
     status.reason = None
     status.message = None
     status.estimated_start_time = None
-    gpus = ",".join(str(g) for g in decision.gpus) or "none"
-    message = f"attempt {attempt} bound to {decision.node}, GPUs [{gpus}]"
+    message = f"attempt {attempt} bound to " + ", ".join(
+        f"{node}, GPUs [{','.join(str(g) for g in gpus) or 'none'}]"
+        for node, gpus in decision.ranks()
+    )
     if decision.after:
         names = sorted({f"{b.namespace}/{_job_of(b)}" for b in decision.after})
         message += f", to start when {', '.join(names)} end" + ("s" if len(names) == 1 else "")
@@ -399,30 +411,48 @@ def _job_of(before: "placement.Allocation | placement.Request") -> str:
     return before.job if isinstance(before, placement.Allocation) else before.name
 
 
-def attempt_of(
+def members_of(
     j: job.Job,
     attempt: int,
     decision: placement.Placement,
     rules: placement.Pool,
+    *,
     after: list[str] | None = None,
-) -> binding.Binding:
-    """The Binding of one attempt: `<job>-<attempt>`, so two passes cannot both bind it."""
-    return binding.Binding(
-        metadata=meta.ObjectMeta(
-            name=f"{j.name}-{attempt}", namespace=j.namespace, labels={"gctl/job": j.name}
-        ),
-        spec=binding.BindingSpec(
-            job_name=j.name,
-            job_uid=j.metadata.uid or "",
-            attempt=attempt,
-            node=decision.node,
-            gpus=list(decision.gpus),
-            gpu_share=decision.share,
-            gpu_memory=decision.request.gpu_memory,  # as resolved, profile included
-            enforce_gpu_memory=rules.enforce_gpu_memory,
-            after=after or [],
-        ),
-    )
+    hostnames: dict[str, str] | None = None,
+) -> list[binding.Binding]:
+    """The Bindings of one attempt: one (`<job>-<attempt>`), or for a multi-node Job one per
+    member (`binding.name_of`), each with its rank, the members' nodes and where rank 0
+    listens (the hostname its agent reports; the node's name where it reports none)."""
+    ranks = decision.ranks()
+    multi = len(ranks) > 1
+    nodes = [node for node, _ in ranks]
+    uid = j.metadata.uid or ""
+    master = (hostnames or {}).get(nodes[0], nodes[0])
+    return [
+        binding.Binding(
+            metadata=meta.ObjectMeta(
+                name=binding.name_of(j.name, attempt, rank),
+                namespace=j.namespace,
+                labels={"gctl/job": j.name},
+            ),
+            spec=binding.BindingSpec(
+                job_name=j.name,
+                job_uid=uid,
+                attempt=attempt,
+                node=node,
+                gpus=list(gpus),
+                gpu_share=decision.share,
+                gpu_memory=decision.request.gpu_memory,  # as resolved, profile included
+                enforce_gpu_memory=rules.enforce_gpu_memory,
+                after=after or [],
+                rank=rank if multi else None,
+                members=nodes if multi else [],
+                master_addr=master if multi else None,
+                master_port=binding.master_port(uid) if multi else None,
+            ),
+        )
+        for rank, (node, gpus) in enumerate(ranks)
+    ]
 
 
 def _preempt(

@@ -26,8 +26,9 @@ from gctl.store import db, events, store
 from nodeagent import launches, reports, runtime, supervisor
 
 log = logging.getLogger("gctl.agent")
-# Stops the user asked for explicitly: no stop warning, as for `kubectl delete --now`.
-_UNWARNED_STOPS = frozenset({binding.STOP_DELETED, binding.STOP_RERUN})
+# Stops the user asked for explicitly: no stop warning, as for `kubectl delete --now`; nor for
+# the members of a multi-node attempt one of which ended badly (they cannot go on without it).
+_UNWARNED_STOPS = frozenset({binding.STOP_DELETED, binding.STOP_RERUN, binding.STOP_MEMBER_ENDED})
 _NOT_STARTED = supervisor.NOT_STARTED
 # An attempt in these states on this host may use its GPUs now, or at any moment.
 _HOLDING = frozenset({"running", "armed", "disarming", "lost"})

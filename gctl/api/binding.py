@@ -1,5 +1,6 @@
 """The Binding kind: one attempt of one Job on one node with specific GPUs."""
 
+import hashlib
 from datetime import datetime
 from typing import ClassVar, Final, Literal
 
@@ -23,6 +24,8 @@ STOP_PREEMPTED = "Preempted"  # a higher-priority Job needs the GPUs
 STOP_EVICTED = "Evicted"  # `gctl drain --evict`
 STOP_GPU_MEMORY = "GPUMemoryExceeded"  # used more GPU memory than it declared (pool enforces)
 STOP_RERUN = "Rerun"  # `gctl rerun`: the Job starts again; not counted as a failure
+# A multi-node attempt's member ended badly (failed, lost, stopped): the others stop too.
+STOP_MEMBER_ENDED = "MemberEnded"
 
 # Why an attempt ended without an outcome of its own (status.reason); none counts as a failure.
 REASON_NODE_LOST = "NodeLost"  # Lost: the controller gave up on its node (silent, or deleted)
@@ -89,6 +92,14 @@ def name_of(job_name: str, attempt: int, rank: int = 0) -> str:
     `<job>-<attempt>-r<rank>` (no other Job's attempt has that name: it ends in digits after
     its last `-`); so two passes cannot both bind it."""
     return f"{job_name}-{attempt}" if rank == 0 else f"{job_name}-{attempt}-r{rank}"
+
+
+def master_port(job_uid: str) -> int:
+    """The port a multi-node Job's rank 0 listens on (MASTER_PORT): 29500-30499, worked out
+    from the Job's uid, so every member of every attempt agrees on it without asking, and two
+    Jobs whose rank 0 share a host rarely pick the same one (a Job's spec.env may set its own)."""
+    digest = hashlib.sha256(job_uid.encode()).digest()
+    return 29500 + int.from_bytes(digest[:4], "big") % 1000
 
 
 def queued(spec: BindingSpec, status: BindingStatus) -> bool:
