@@ -227,3 +227,48 @@ def test_past_its_deadline_every_member_is_stopped(database: db.Database) -> Non
     _reconcile(database, "ddp", now=T0 + timedelta(seconds=12))
     ended = _job(database, "ddp")
     assert (ended.status.phase, ended.status.reason) == ("Failed", job.REASON_DEADLINE)
+
+
+def test_a_rerun_stops_every_member_then_runs_the_job_again(database: db.Database) -> None:
+    _bound_gang(database, "ddp", TWO)
+    for name in ("ddp-1", "ddp-1-r1"):
+        report_attempt(database, name, "Running", T0)
+    with database.write() as session:
+        writer = store.Store(session)
+        j = writer.get(job.Job, "ddp", "default")
+        j.metadata.annotations[job.ANNOTATION_RERUN] = "token-1"
+        writer.update(j)
+    _reconcile(database, "ddp")
+    for name in ("ddp-1", "ddp-1-r1"):
+        assert _member(database, name).spec.stop_reason == binding.STOP_RERUN
+        report_attempt(database, name, "Exited", T0, exit_code=143)
+    _reconcile(database, "ddp")
+    again = _job(database, "ddp")
+    assert (again.status.phase, again.status.reason, again.status.rerun) == (
+        "Pending",
+        job.REASON_RERUN,
+        "token-1",
+    )
+    assert again.status.failed == 0
+
+
+def test_suspending_stops_every_member_and_requeues(database: db.Database) -> None:
+    _bound_gang(database, "ddp", TWO)
+    for name in ("ddp-1", "ddp-1-r1"):
+        report_attempt(database, name, "Running", T0)
+    with database.write() as session:
+        writer = store.Store(session)
+        j = writer.get(job.Job, "ddp", "default")
+        j.spec.suspend = True
+        writer.update(j)
+    _reconcile(database, "ddp")
+    for name in ("ddp-1", "ddp-1-r1"):
+        assert _member(database, name).spec.stop_reason == binding.STOP_SUSPENDED
+        report_attempt(database, name, "Exited", T0, exit_code=143)
+    _reconcile(database, "ddp")
+    held = _job(database, "ddp")
+    assert (held.status.phase, held.status.reason, held.status.failed) == (
+        "Pending",
+        "Suspended",
+        0,
+    )
