@@ -5,7 +5,8 @@ controller.
 Where its pool allows it, a Job that needs whole GPUs is bound to the busy whole GPUs that free
 soonest, queued behind the jobs on them (one job ahead per GPU): its own place first, then places
 nobody holds, then those of Jobs later in the queue, taken from the last such Job, so that one
-Job waits again rather than every Job bound ahead moving one place along.
+Job waits again rather than every Job bound ahead moving one place along. A multi-node Job is
+never bound ahead (`placement`); a Job may be bound ahead behind one member of it.
 
 A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its agent
 takes it: it starts now if its GPUs have freed and still suit it (`_own_free`), stays where it

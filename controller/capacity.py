@@ -8,7 +8,9 @@ fit indexes (`fitindex`). On that state, the first two steps of `placement`'s pa
 
 1. filter: the GPUs that could ever take a request shape (`_static`, with `diagnosis`'s checks);
 2. fit: why a GPU cannot take a request now (`_blocker`), and the GPUs with room now, scored
-   by its pool's policy (`_fit`); `_place` puts the request there.
+   by its pool's policy (`_fit`); `_place` puts the request there. A multi-node request takes
+   `nodes` distinct nodes at once, each scored as for one node, or none (`_fit_gang`,
+   `_place_gang`).
 """
 
 import heapq
@@ -139,6 +141,23 @@ class Capacity:
         indices = tuple(s.gpu.index for s in found.slots)
         return snapshot.Decision(
             request, placement=snapshot.Placement(request, found.node, indices, share)
+        )
+
+    def _place_gang(
+        self, request: snapshot.Request, members: list[snapshot.Fit]
+    ) -> snapshot.Decision:
+        """A multi-node request on every member's GPUs at once: rank 0 first."""
+        ends = None if request.runtime is None else plus(self.now, request.runtime)
+        ranks = []
+        for member in members:
+            for slot in member.slots:
+                self._occupy(slot, 1.0, request.gpu_memory, ends)
+                slot.placed.append(request)
+            ranks.append((member.node, tuple(s.gpu.index for s in member.slots)))
+        (node, gpus), *others = ranks
+        return snapshot.Decision(
+            request,
+            placement=snapshot.Placement(request, node, gpus, 1.0, members=tuple(others)),
         )
 
     # -- 1. filter ---------------------------------------------------------------------------
@@ -324,6 +343,28 @@ class Capacity:
         for entry in popped:  # still as good as they were: the caller may not place it
             heapq.heappush(index.heap, entry)
         return found
+
+    def _fit_gang(
+        self, request: snapshot.Request, pool: snapshot.Pool, static: snapshot.Static
+    ) -> list[snapshot.Fit] | None:
+        """A multi-node request's members: `request.nodes` distinct nodes, each with
+        `request.gpus` GPUs it can take now, the best by its pool's policy as for one node
+        (then those with mutual peers, then by name), or None: all or none. From its shape's
+        index, as `_indexed_fit`: a gang holds no place yet (it is never bound ahead)."""
+        wanted = int(request.gpus)
+
+        def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
+            found = self._option(name, slots, request, pool, wanted)
+            if found is None:
+                return None
+            chosen, peers = _pick(found[1], wanted)
+            return (*found[0], not peers), chosen
+
+        index = self.indexes.index(("gang", *self._shape(request, pool)), static.groups, option)
+        best = self.indexes.firsts(index, request.nodes)
+        if len(best) < request.nodes:
+            return None
+        return [snapshot.Fit(name, tuple(chosen)) for name, chosen in best]
 
     def _fit_shared(
         self, request: snapshot.Request, pool: snapshot.Pool, static: snapshot.Static

@@ -4,7 +4,9 @@ A GPU's fixed filters (pool, pinned placement, Ready node, cordon or drain, mode
 pool's thresholds) are the same for every request of one shape during a pass; the planner asks
 them once per shape (`capacity`). A waiting Job's message counts, for each GPU, the first check
 it fails, most frequent first ("0/8 GPUs fit: 6 lack 40Gi free, 2 cordoned"). `gist` is what of
-such a message must change for a Job's status to be rewritten. Pure: no I/O.
+such a message must change for a Job's status to be rewritten. A multi-node Job's message
+says first how many nodes have its GPUs ("needs 2 nodes with 4 free GPUs each, 1 has them
+(a); 6/16 GPUs fit: 10 in use"). Pure: no I/O.
 """
 
 import functools
@@ -95,6 +97,8 @@ def why(
 ) -> str:
     """kube-scheduler's FailedScheduling message: for each GPU the first filter it fails (the
     fixed ones, counted once per shape in `static`, then `blocker`), most frequent first."""
+    if request.nodes > 1:
+        return _why_gang(static, blocker, request, pool)
     counts = Counter(static.counts)
     fit = 0
     for slot in static.slots:
@@ -106,6 +110,52 @@ def why(
     return _describe(counts, fit, static.total, max(1, int(request.gpus)))
 
 
+def _why_gang(
+    static: snapshot.Static, blocker: Blocker, request: snapshot.Request, pool: snapshot.Pool
+) -> str:
+    """A multi-node request's message: how many nodes have its GPUs free now ("needs 2 nodes
+    with 4 free GPUs each, 1 has them (a); 6/16 GPUs fit: 10 in use"), or, where too few
+    nodes have that many GPUs it may ever use, that it cannot fit as the pool is ("needs 3
+    nodes with 4 GPUs each in pool default, only 2 have 4 it may use (a,b); ..."); then the
+    GPUs counted as for one node."""
+    wanted = max(1, int(request.gpus))
+    counts = Counter(static.counts)
+    fit = 0
+    free: list[str] = []  # nodes with `wanted` GPUs that can take it now
+    usable: list[str] = []  # nodes with `wanted` GPUs that pass its fixed filters
+    for name, slots in static.groups:
+        here = 0
+        for slot in slots:
+            reason = blocker(slot, request, pool)
+            if reason is None:
+                here += 1
+            else:
+                counts[reason] += 1
+        fit += here
+        if here >= wanted:
+            free.append(name)
+        if len(slots) >= wanted:
+            usable.append(name)
+    tail = _counted(counts, fit, static.total)
+    needs = f"needs {request.nodes} nodes with {wanted}"
+    if len(usable) < request.nodes:
+        have = {0: "none has", 1: "only 1 has"}.get(len(usable), f"only {len(usable)} have")
+        return (
+            f"{needs} GPUs each in pool {pool.name}, {have} {wanted} it may use"
+            f"{_names(usable)}; {tail}"
+        )
+    have = "1 has" if len(free) == 1 else f"{len(free)} have"
+    return f"{needs} free GPUs each, {have} them{_names(free)}; {tail}"
+
+
+def _names(nodes: list[str], most: int = 3) -> str:
+    """A few node names, for a message: " (a,b,c,...)"."""
+    if not nodes:
+        return ""
+    more = ",..." if len(nodes) > most else ""
+    return f" ({','.join(nodes[:most])}{more})"
+
+
 def why_no_node(counts: Counter[str], total: int) -> str:
     """The message of a CPU-only request that no node takes."""
     details = ", ".join(f"{n} {reason}" for reason, n in _ranked(counts))
@@ -114,6 +164,14 @@ def why_no_node(counts: Counter[str], total: int) -> str:
 
 def _ranked(counts: Counter[str]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _counted(counts: Counter[str], fit: int, total: int) -> str:
+    """The GPUs that fit now, and why the others do not: "6/16 GPUs fit: 10 in use"."""
+    if total == 0:
+        return "0/0 GPUs fit: no Ready node has reported a GPU"
+    details = ", ".join(f"{n} {reason}" for reason, n in _ranked(counts))
+    return f"{fit}/{total} GPUs fit" + (f": {details}" if details else "")
 
 
 def _describe(counts: Counter[str], fit: int, total: int, wanted: int) -> str:

@@ -2,8 +2,9 @@
 
 For each request shape the pass keeps a heap of what each node offers it, best first
 (`NodeIndex`): for fitting it now (`capacity`) and for binding it ahead (`ahead`), which say
-what a node offers. Every change to a node's GPUs in the pass is logged (`Indexes.touch`), and
-an index looks again only at the nodes whose GPUs changed since it was last used.
+what a node offers; a multi-node request takes the first few nodes of its index (`firsts`).
+Every change to a node's GPUs in the pass is logged (`Indexes.touch`), and an index looks
+again only at the nodes whose GPUs changed since it was last used.
 """
 
 import heapq
@@ -98,3 +99,20 @@ class Indexes:
                 return
             yield name, usable
             popped.append(heapq.heappop(heap))
+
+    def firsts(self, index: NodeIndex, count: int) -> list[tuple[str, list[snapshot.Slot]]]:
+        """The index's `count` best nodes, best first (then by name), as of their last change:
+        fewer where fewer have an entry. Entries older than their node's last change are
+        dropped on the way; the rest stay on the heap (the caller may place nothing)."""
+        heap = index.heap
+        kept: list[Entry] = []
+        names: set[str] = set()
+        while heap and len(kept) < count:
+            entry = heapq.heappop(heap)
+            name, at = entry[1], entry[2]
+            if at == self.changed_at.get(name, 0) and name not in names:
+                kept.append(entry)
+                names.add(name)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return [(name, usable) for _, name, _, _, usable in kept]

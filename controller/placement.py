@@ -21,6 +21,16 @@ in a `LongestFirst` pool, the longest time limit, then submission time, then nam
    soonest (then: the most already free); later Jobs may not use them, unless the pool
    backfills and their deadline ends before the reservation's estimated start.
 
+A multi-node Job (`nodes` > 1, whole GPUs on each) is a gang: in step 2 it takes `nodes`
+distinct nodes at once, each the best left for it by its pool's policy (the GPUs on each
+chosen as for one node), or none, and nothing is held by a try that failed. It skips steps 3
+to 5: it neither preempts nor is bound ahead (its members end at different times, so being a
+GPU's "next job" means nothing for it; preempting on several nodes at once is left for later),
+nor holds the GPUs of attempts already stopping (step 3): as the first blocked Job of its pool
+it reserves them before others, since they free now. In step 6 it reserves the GPUs that free
+soonest on `nodes` distinct nodes and is estimated to start when the last of them frees. A
+running gang is a victim like any attempt: each member is one Allocation.
+
 A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its
 agent takes it: it stays where it is while it may (it starts now if its GPUs have freed, and
 no other Job is placed on them meanwhile); it moves to GPUs that are free now, or that a Job
@@ -194,6 +204,8 @@ class _Planner(ahead.BindingAhead):
             return self._decide_cpu_only(request, pool)
         shape = self._shape(request, pool)
         static = self._static(request, pool)
+        if request.nodes > 1:
+            return self._decide_gang(request, pool, static, shape)
         if request.queued is not None:  # bound ahead: it starts now where its GPUs freed
             starting = self._own_free(request, pool, static)
             if starting is not None:
@@ -229,6 +241,30 @@ class _Planner(ahead.BindingAhead):
                 position=position,
                 held=waiting.held,
             )
+        message = self._why(request, pool, static, shape, position)  # 6. reserve
+        start, held = self._estimate(request, pool, static, shape)
+        return Decision(
+            request,
+            reason=job.REASON_UNSCHEDULABLE,
+            message=message,
+            position=position,
+            estimated_start=start,
+            held=held,
+        )
+
+    def _decide_gang(
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
+    ) -> Decision:
+        """A multi-node request: all its nodes now (2. fit), else it waits, reserving as the
+        first blocked Job of its pool does (6.); it skips steps 3 to 5."""
+        self._release(request)  # never bound ahead: an attempt stored so gives its place up
+        if shape not in self.no_fit:  # 2. fit
+            found = self._fit_gang(request, pool, static)
+            if found is not None:
+                return self._place_gang(request, found)
+            self.no_fit.add(shape)
+        self.positions[pool.name] += 1
+        position = self.positions[pool.name]
         message = self._why(request, pool, static, shape, position)  # 6. reserve
         start, held = self._estimate(request, pool, static, shape)
         return Decision(
@@ -399,7 +435,8 @@ class _Planner(ahead.BindingAhead):
         self, request: Request, static: snapshot.Static, wanted: int, *, reserving: bool
     ) -> tuple[datetime | None, list[snapshot.Slot]] | None:
         """The `wanted` GPUs of one node that free soonest on the simulated timeline, then
-        those most already free; a reservation takes no GPU another Job holds, nor one that
+        those most already free (a multi-node request: on each of its nodes,
+        `_soonest_nodes`); a reservation takes no GPU another Job holds, nor one that
         freed for the Job bound ahead to it (its agent is starting it there: reserving it would
         only send that Job, and every Job bound ahead behind it, to other places)."""
         options = []
@@ -423,6 +460,8 @@ class _Planner(ahead.BindingAhead):
             options.append(((start, -already, name), chosen))
         if not options:
             return None
+        if request.nodes > 1:
+            return _soonest_nodes(options, request.nodes)
         (start, _, _), chosen = min(options, key=lambda o: o[0])
         return (None if start == capacity.NEVER else start), chosen
 
@@ -466,6 +505,19 @@ class _Planner(ahead.BindingAhead):
             message=diagnosis.why_no_node(counts, len(self.nodes)),
             position=self.positions[pool.name],
         )
+
+
+def _soonest_nodes(
+    options: list[tuple[tuple[datetime, int, str], list[snapshot.Slot]]], count: int
+) -> tuple[datetime | None, list[snapshot.Slot]] | None:
+    """A multi-node request's place on the timeline: the `count` nodes whose GPUs free soonest
+    (then the most already free, then by name); it starts when the last of them frees."""
+    if len(options) < count:
+        return None
+    chosen = heapq.nsmallest(count, options, key=lambda o: o[0])
+    start = max(key[0] for key, _ in chosen)
+    slots = [slot for _, member in chosen for slot in member]
+    return (None if start == capacity.NEVER else start), slots
 
 
 def _free_soonest(slot: snapshot.Slot) -> tuple[datetime, int, int]:

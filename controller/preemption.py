@@ -4,6 +4,8 @@ A Job that fits nowhere, not even once the attempts already stopping have ended,
 preemptible attempts of lower priority: on one node, the GPUs whose victims together are the
 fewest, then the lowest, then the most recently started. Pure, like the rest of the planner:
 it reads the pass's slots and returns the choice; `placement` holds the GPUs and stops them.
+A multi-node Job preempts nobody (`placement`), but each of its members may be a victim, as an
+attempt of its own.
 """
 
 from collections.abc import Callable, Collection, Iterable

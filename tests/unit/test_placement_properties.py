@@ -1,10 +1,11 @@
 """Properties of the planner over random clusters and queues (hypothesis): no GPU is ever
-over-committed, closed GPUs take nothing, and a Job is never passed over by a later one of its
-pool that needs as much or more; across two passes, a GPU never has two jobs bound ahead, and
-none is started on, nor reserved on, a GPU whose job bound ahead is about to start; and the
-planner's fit indexes and cached messages decide exactly as looking at every node and working
-out every message would, as every blocked Job looking for GPUs to reserve would, and as
-every Job that preempts looking at every node would."""
+over-committed, closed GPUs take nothing, a multi-node Job's members are on distinct nodes, and
+a Job is never passed over by a later one of its pool that needs as much or more; across two
+passes, a GPU never has two jobs bound ahead, and none is started on, nor reserved on, a GPU
+whose job bound ahead is about to start; and the planner's fit indexes (a multi-node Job's
+too) and cached messages decide exactly as looking at every node and working out every message
+would, as every blocked Job looking for GPUs to reserve would, and as every Job that preempts
+looking at every node would."""
 
 import dataclasses
 from collections import defaultdict
@@ -15,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import diagnosis, placement, preemption
+from controller import capacity, diagnosis, placement, preemption
 from controller.placement import GPU, Allocation, Node, Pool, Request, Snapshot
 from controller.snapshot import Static
 
@@ -23,6 +24,7 @@ GI = 2**30
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FRACTIONS = (0.25, 0.5, 1.0)
 SIZES = (0, 0.25, 0.5, 1, 1, 2, 3)
+NODES = (1, 1, 1, 1, 2, 3)  # of a Job on whole GPUs
 
 
 @st.composite
@@ -80,20 +82,25 @@ def clusters(draw: st.DrawFn, backfill: bool = False) -> Snapshot:
 
 @st.composite
 def queues(draw: st.DrawFn) -> list[Request]:
-    return [
-        Request(
-            "default",
-            f"q{i:02d}",
-            draw(st.sampled_from(SIZES)),
-            gpu_memory=draw(st.sampled_from((None, None, 20 * GI, 40 * GI))),
-            pool=draw(st.sampled_from(("default", "default", "capped"))),
-            priority=draw(st.integers(0, 5)),
-            created=T0 + timedelta(seconds=draw(st.integers(0, 3))),
-            runtime=draw(st.sampled_from((None, timedelta(minutes=10)))),
-            deadline=draw(st.sampled_from((None, None, 60, 3600))),
+    """Random pending Jobs; some of those on whole GPUs span 2 or 3 nodes."""
+    requests = []
+    for i in range(draw(st.integers(1, 14))):
+        gpus = draw(st.sampled_from(SIZES))
+        requests.append(
+            Request(
+                "default",
+                f"q{i:02d}",
+                gpus,
+                gpu_memory=draw(st.sampled_from((None, None, 20 * GI, 40 * GI))),
+                pool=draw(st.sampled_from(("default", "default", "capped"))),
+                priority=draw(st.integers(0, 5)),
+                created=T0 + timedelta(seconds=draw(st.integers(0, 3))),
+                nodes=draw(st.sampled_from(NODES)) if gpus >= 1 else 1,
+                runtime=draw(st.sampled_from((None, timedelta(minutes=10)))),
+                deadline=draw(st.sampled_from((None, None, 60, 3600))),
+            )
         )
-        for i in range(draw(st.integers(1, 14)))
-    ]
+    return requests
 
 
 def _cap(shot: Snapshot, request: Request) -> int | None:
@@ -126,6 +133,7 @@ def test_no_gpu_is_over_committed_and_closed_gpus_take_nothing(
         assert d.placement.node in ready
         if d.placement.after:  # bound ahead: the next job of busy whole GPUs, one each
             assert d.request.gpus >= 1
+            assert d.request.nodes == 1, "a multi-node Job was bound ahead"
             for index in d.placement.gpus:
                 key = (d.placement.node, index)
                 assert gpus[key].state is None, "a cordoned or draining GPU received work"
@@ -136,11 +144,15 @@ def test_no_gpu_is_over_committed_and_closed_gpus_take_nothing(
                 need = d.request.gpu_memory or 0
                 assert need + gpus[key].foreign_memory <= (gpus[key].memory_total or 0)
             continue
-        assert len(d.placement.gpus) == (
-            int(d.request.gpus) if d.request.gpus >= 1 else int(d.request.gpus > 0)
-        )
-        for index in d.placement.gpus:
-            key = (d.placement.node, index)
+        members = d.placement.ranks()  # a multi-node Job's: on distinct Ready nodes
+        assert len(members) == d.request.nodes
+        assert len({node for node, _ in members}) == len(members)
+        assert {node for node, _ in members} <= ready
+        for _, indices in members:
+            assert len(indices) == (
+                int(d.request.gpus) if d.request.gpus >= 1 else int(d.request.gpus > 0)
+            )
+        for key in ((node, index) for node, indices in members for index in indices):
             gpu = gpus[key]
             assert gpu.state is None, "a cordoned or draining GPU received work"
             share[key] += d.placement.share
@@ -154,7 +166,11 @@ def test_no_gpu_is_over_committed_and_closed_gpus_take_nothing(
 
 
 def _needs_as_much(later: Request, earlier: Request) -> bool:
-    return later.gpus >= earlier.gpus and (later.gpu_memory or 0) >= (earlier.gpu_memory or 0)
+    return (
+        later.gpus >= earlier.gpus
+        and later.nodes >= earlier.nodes
+        and (later.gpu_memory or 0) >= (earlier.gpu_memory or 0)
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -204,7 +220,7 @@ def test_no_job_uses_gpus_reserved_for_a_job_ahead_of_it(
     held: set[tuple[str, int]] = set()
     for d in placement.plan(shot, requests, T0).decisions:
         if d.placement is not None:
-            taken = {(d.placement.node, index) for index in d.placement.gpus}
+            taken = {(node, i) for node, indices in d.placement.ranks() for i in indices}
             assert not taken & held, f"{d.request.name} took GPUs held for a Job ahead of it"
         held |= set(d.held)
 
@@ -233,6 +249,23 @@ def _scan(
 ) -> placement.snapshot.Fit | None:
     """`_indexed_fit` without the fit indexes: every fit looks at every node."""
     return self._scan(request, pool, static, wanted, frozenset(), prune=False)
+
+
+def _scan_gang(
+    self: placement._Planner, request: Request, pool: Pool, static: Static
+) -> list[placement.snapshot.Fit] | None:
+    """`_fit_gang` without its index: every node looked at for every multi-node Job."""
+    wanted = int(request.gpus)
+    options = []
+    for name, slots in static.groups:
+        found = self._option(name, slots, request, pool, wanted)
+        if found is not None:
+            chosen, peers = capacity._pick(found[1], wanted)
+            options.append(((*found[0], not peers), name, chosen))
+    if len(options) < request.nodes:
+        return None
+    options.sort(key=lambda o: (o[0], o[1]))
+    return [placement.snapshot.Fit(name, tuple(c)) for _, name, c in options[: request.nodes]]
 
 
 def _exact_why(
@@ -269,6 +302,14 @@ def test_the_fit_indexes_decide_as_a_scan_of_every_node(
     shot: Snapshot, requests: list[Request], data: st.DataObject
 ) -> None:
     _decides_the_same_without("_indexed_fit", _scan, shot, requests, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_the_multi_node_fit_index_decides_as_a_scan_of_every_node(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    _decides_the_same_without("_fit_gang", _scan_gang, shot, requests, data)
 
 
 @settings(max_examples=300, deadline=None)
@@ -326,21 +367,22 @@ def _after_pass(
         if d.placement is None:
             requests.append(r)
             continue
-        bound = Allocation(
-            r.namespace,
-            r.name,
-            f"{r.name}-1",
-            d.placement.node,
-            d.placement.gpus,
-            share=d.placement.share,
-            memory=r.gpu_memory,
-            priority=r.priority,
-            uid=f"uid-{r.name}",
-            queued=bool(d.placement.after),
-        )
-        allocations.append(bound)
-        if bound.queued:
-            requests.append(dataclasses.replace(r, queued=bound))
+        for rank, (node, indices) in enumerate(d.placement.ranks()):  # a Binding per member
+            bound = Allocation(
+                r.namespace,
+                r.name,
+                f"{r.name}-1" + (f"-r{rank}" if rank else ""),
+                node,
+                indices,
+                share=d.placement.share,
+                memory=r.gpu_memory,
+                priority=r.priority,
+                uid=f"uid-{r.name}" + (f"-r{rank}" if rank else ""),
+                queued=bool(d.placement.after),
+            )
+            allocations.append(bound)
+            if bound.queued:
+                requests.append(dataclasses.replace(r, queued=bound))
     return dataclasses.replace(shot, allocations=allocations), requests
 
 
@@ -375,7 +417,7 @@ def test_jobs_bound_ahead_never_share_a_place_or_lose_it_to_a_start(
     for d in second.decisions:
         if d.placement is None:
             continue
-        keys = [(d.placement.node, i) for i in d.placement.gpus]
+        keys = [(node, i) for node, indices in d.placement.ranks() for i in indices]
         if d.placement.after:
             for key in keys:
                 assert key not in queued_on, f"{d.request.name} and {queued_on[key]} both next"
