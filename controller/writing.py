@@ -186,8 +186,8 @@ def _held_back(decisions: list[placement.Decision], world: reading.World) -> set
                 continue
             p = d.placement
             touched = [(v.node, g) for v in d.victims for g in v.gpus]
-            if p is not None:
-                touched += [(p.node, g) for g in p.gpus]
+            if p is not None:  # every member of a multi-node Job
+                touched += [(node, g) for node, gpus in p.ranks() for g in gpus]
             behind = p is not None and any(id(before) in held_requests for before in p.after)
             if behind or any(place in gpus for place in touched):
                 held.add(id(d))
@@ -231,8 +231,10 @@ def _takers(decisions: list[placement.Decision]) -> dict[tuple[str, int], placem
     holds it for (a Job that preempts, waits for a job stopping, or reserves)."""
     found: dict[tuple[str, int], placement.Request] = {}
     for d in decisions:
-        if d.placement is not None:
-            found.update(((d.placement.node, gpu), d.request) for gpu in d.placement.gpus)
+        if d.placement is not None:  # every member of a multi-node Job
+            found.update(
+                ((node, gpu), d.request) for node, gpus in d.placement.ranks() for gpu in gpus
+            )
     for d in decisions:
         for held in d.held:
             found.setdefault(held, d.request)

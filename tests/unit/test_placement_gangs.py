@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from controller import placement
+from controller import placement, reading, writing
 from controller.placement import GPU, Allocation, Decision, Node, Pool, Request, Snapshot
+from gctl.api import binding, meta
 
 GI = 2**30
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -236,3 +237,43 @@ def test_many_identical_gangs_do_not_each_look_at_every_gpu(
     assert len(placed) == 150
     assert all(len(d.placement.members) == 1 for d in placed if d.placement)
     assert calls < 10 * 2400
+
+
+# -- what the writing of a plan reads of it ------------------------------------------------------
+
+
+def _placed_gang() -> Decision:
+    request = gang("g", 2, 2)
+    where = placement.Placement(request, "a", (0, 1), 1.0, members=(("b", (0, 1)),))
+    return Decision(request, placement=where)
+
+
+def test_the_jobs_bound_in_a_pass_include_every_member_of_a_gang() -> None:
+    takers = writing._takers([_placed_gang()])
+    assert {key: r.name for key, r in takers.items()} == {
+        ("a", 0): "g",
+        ("a", 1): "g",
+        ("b", 0): "g",
+        ("b", 1): "g",
+    }
+
+
+def test_a_gang_on_the_gpus_of_an_attempt_asked_back_is_held_back() -> None:
+    """An armed attempt on b that the pass moves is asked back, not removed: a gang placed
+    with a member on its GPUs waits for the next pass, as a Job placed there would."""
+    queued = running("moved", "b", 0, queued=True)
+    moving = Decision(
+        req("moved", queued=queued), placement=placement.Placement(req("moved"), "c", (0,), 1.0)
+    )
+    armed = binding.Binding(
+        metadata=meta.ObjectMeta(name="moved-1", namespace="default"),
+        spec=binding.BindingSpec(
+            job_name="moved", job_uid="j", attempt=1, node="b", gpus=[0], after=["u"]
+        ),
+        status=binding.BindingStatus(phase="Armed"),
+    )
+    world = reading.World(
+        snapshot(), {("default", "moved-1"): armed}, running={}, profiles={}, run_times={}
+    )
+    placed = _placed_gang()
+    assert writing._held_back([moving, placed], world) == {id(moving), id(placed)}
