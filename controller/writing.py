@@ -27,6 +27,7 @@ REASON_UNBOUND = "Unbound"
 
 Wire = reading.Wire
 Key = reading.Key
+Created = tuple[str, str, str]
 
 BATCH = 64  # binds written together (a pass checks its time limit between batches)
 
@@ -91,7 +92,9 @@ def apply(
     _give_up_places(writer, giving_up, by_key, world, now, takers=_takers(decisions))
     _rearmable(writer, decisions, world)
     decisions = [d for d in decisions if id(d) not in held]
-    created: dict[Key, str] = {}  # (namespace, Job) -> uid of the Binding made for it
+    # (namespace, Job, node) -> uid of the Binding made for it there (a multi-node Job's
+    # attempt has one on each of its nodes)
+    created: dict[Created, str] = {}
     batch: list[tuple[placement.Decision, job.Job]] = []
     placed = [d for d in changed if d.placement is not None and id(d) not in held]
     starting = _starting(placed)
@@ -212,14 +215,14 @@ def _rearmable(
             writer.update(attempt)
 
 
-def _uids(d: placement.Decision, created: dict[Key, str]) -> list[str]:
+def _uids(d: placement.Decision, created: dict[Created, str]) -> list[str]:
     """The Binding uids of the attempts a Job bound ahead starts after."""
     assert d.placement is not None
     uids = []
     for before in d.placement.after:
         if isinstance(before, placement.Allocation):
             uids.append(before.uid)
-        elif (uid := created.get((before.namespace, before.name))) is not None:
+        elif (uid := created.get((before.namespace, before.name, d.placement.node))) is not None:
             uids.append(uid)
         elif before.queued is not None:  # bound ahead before, starting there now
             uids.append(before.queued.uid)
@@ -318,7 +321,7 @@ def _bind(
     writer: store.Store,
     batch: list[tuple[placement.Decision, job.Job]],
     pools: dict[str, placement.Pool],
-    created: dict[Key, str],
+    created: dict[Created, str],
     now: datetime,
     *,
     hostnames: dict[str, str],
@@ -330,21 +333,18 @@ def _bind(
         return
     attempts: list[binding.Binding] = []
     jobs, events = [], []
-    firsts = []  # the index in `attempts` of each Job's first (rank 0) Binding
     for d, j in batch:
         assert d.placement is not None
         rules = pools.get(d.request.pool) or placement.Pool()
         after = _uids(d, created)
         attempt, message = _bound(j, d.placement, now, after=after)
-        firsts.append(len(attempts))
         attempts.extend(
             members_of(j, attempt, d.placement, rules, after=after, hostnames=hostnames)
         )
         jobs.append(j)
         events.append(store.Occurrence(j, "Scheduled", message, source=SOURCE))
-    made = writer.create_many(attempts)
-    for (d, _), first in zip(batch, firsts, strict=True):
-        created[(d.request.namespace, d.request.name)] = made[first].metadata.uid or ""
+    for made in writer.create_many(attempts):
+        created[(made.namespace, made.spec.job_name, made.spec.node)] = made.metadata.uid or ""
     writer.write_back(jobs)
     writer.record_events(events)
 

@@ -4,7 +4,7 @@ the member that ended first deciding how the attempt ended."""
 
 from datetime import UTC, datetime, timedelta
 
-from controller import jobs, nodes, placement, writing
+from controller import jobs, nodes, placement, scheduling, writing
 from gctl.api import binding, job, node
 from gctl.store import db, store
 from tests.builders import make_job, put_ready_node, report_attempt, stored
@@ -272,3 +272,24 @@ def test_suspending_stops_every_member_and_requeues(database: db.Database) -> No
         "Suspended",
         0,
     )
+
+
+def test_a_job_bound_ahead_behind_a_member_waits_for_that_member(
+    database: db.Database,
+) -> None:
+    """A Job bound ahead behind the member on n2 (rank 1) names that member's Binding in its
+    `after`, not rank 0's on n1 (so its agent on n2 waits for the member there)."""
+    gang = make_job("ddp").gpus(1)
+    gang.spec["resources"]["nodes"] = 2
+    with database.write() as session:
+        writer = store.Store(session)
+        for name in ("n1", "n2"):
+            put_ready_node(writer, name, 1, T0)
+        writer.create(gang.build())
+        writer.create(make_job("next").on("n2").build())
+    store.transact(database, lambda w: scheduling.schedule(w, T0))
+    store.transact(database, lambda w: scheduling.schedule(w, T0))  # binding ahead follows
+    member = _member(database, "ddp-1-r1")
+    assert member.spec.node == "n2"
+    follower = _member(database, "next-1")
+    assert (follower.spec.node, follower.spec.after) == ("n2", [member.metadata.uid])
