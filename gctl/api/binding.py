@@ -94,12 +94,19 @@ def name_of(job_name: str, attempt: int, rank: int = 0) -> str:
     return f"{job_name}-{attempt}" if rank == 0 else f"{job_name}-{attempt}-r{rank}"
 
 
+# Where rank 0 of a multi-node attempt listens (MASTER_PORT): torchrun's default, 29500, and
+# the 999 ports above it, where clusters open their firewalls for it; all below Linux's
+# ephemeral ports (32768 up), so an outgoing connection seldom holds one.
+MASTER_PORTS = range(29500, 30500)
+
+
 def master_port(job_uid: str) -> int:
-    """The port a multi-node Job's rank 0 listens on (MASTER_PORT): 29500-30499, worked out
-    from the Job's uid, so every member of every attempt agrees on it without asking, and two
-    Jobs whose rank 0 share a host rarely pick the same one (a Job's spec.env may set its own)."""
+    """The port rank 0 of the Job's attempts listens on: the same for every member (each works
+    it out alone, from the uid), stable across processes and versions (a hash of the uid, not
+    Python's salted `hash`), and spread over MASTER_PORTS so that two multi-node Jobs whose
+    rank 0 share a host seldom ask for the same port (one in a thousand for two)."""
     digest = hashlib.sha256(job_uid.encode()).digest()
-    return 29500 + int.from_bytes(digest[:4], "big") % 1000
+    return MASTER_PORTS.start + int.from_bytes(digest[:8], "big") % len(MASTER_PORTS)
 
 
 def queued(spec: BindingSpec, status: BindingStatus) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from controller import jobs
-from gctl.api import errors
+from gctl.api import binding, errors
 from nodeagent import launches, runtime, supervisor
 from tests.builders import make_binding, make_job
 
@@ -69,6 +69,18 @@ def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
         "cuda:2,3",
         "x",
     )
+
+
+def test_the_master_port_is_the_jobs_own_and_spread_over_a_thousand() -> None:
+    """Every member works it out alike, in any process (no salted hash); two gangs whose rank
+    0 share a host seldom pick the same one."""
+    uids = [f"{i:08x}-5f1c-4a7e-9d0b-3c2e1f0a9b8c" for i in range(2000)]
+    ports = [binding.master_port(uid) for uid in uids]
+    assert ports == [binding.master_port(uid) for uid in uids]
+    assert all(29500 <= p <= 30499 for p in ports)
+    assert len(set(ports)) > 800  # 2000 draws over 1000 ports: about 865 distinct
+    # Pinned: members running different gctl versions during an upgrade must still agree.
+    assert binding.master_port("d3b07384-d9a0-4c9f-8e6b-7a1c2d3e4f50") == 30385
 
 
 def test_conda_env_without_conda_is_a_clear_error() -> None:
