@@ -57,6 +57,40 @@ def _lone_script(word: str) -> bool:
     return word.endswith(".sh") and all(c.isalnum() or c in "._-/+@%:,=" for c in word)
 
 
+def distributed_env(spec: binding.BindingSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """What a member of a multi-node attempt is told of the others, as a PyTorchJob's pods
+    are: (the variables distributed launchers read, which the Job's own `env` may set
+    otherwise, the user knowing better; gctl's own, which it may not). Both empty for a
+    single-node attempt.
+
+    MASTER_ADDR and MASTER_PORT say where rank 0 listens, WORLD_SIZE and RANK count nodes (a
+    PyTorchJob's replicas; torchrun sets them again for each process it starts), and the
+    `PET_` ones are torchrun's own configuration (`--nnodes`, `--node-rank`, `--master-addr`,
+    `--master-port`), so `torchrun --nproc-per-node 8 train.py` needs nothing more. A member
+    bound without an address or port gets rank 0's node name and `binding.master_port` of its
+    Job, which every member works out alike."""
+    if spec.rank is None:
+        return {}, {}
+    nodes = str(len(spec.members))
+    rank = str(spec.rank)
+    address = spec.master_addr or (spec.members[0] if spec.members else "")
+    port = str(spec.master_port or binding.master_port(spec.job_uid))
+    launcher = {
+        "MASTER_ADDR": address,
+        "MASTER_PORT": port,
+        "WORLD_SIZE": nodes,
+        "RANK": rank,
+        "NODE_RANK": rank,
+        "NNODES": nodes,
+        "PET_NNODES": nodes,
+        "PET_NODE_RANK": rank,
+        "PET_MASTER_ADDR": address,
+        "PET_MASTER_PORT": port,
+    }
+    own = {"GCTL_NODE_RANK": rank, "GCTL_NNODES": nodes, "GCTL_NODES": ",".join(spec.members)}
+    return launcher, own
+
+
 @dataclass(frozen=True)
 class Settings:
     """The agent's part of every launch: who runs it, and how it may be stopped."""
@@ -87,8 +121,10 @@ def launch_for(
         except ValueError as exc:
             raise errors.Invalid(f"{field}: {exc}") from None
     gpu_list = ",".join(str(g) for g in bound.spec.gpus)
+    launcher, own = distributed_env(bound.spec)
     env = (
         dict(os.environ)
+        | launcher
         | {name: value.replace("{gpus}", gpu_list) for name, value in owner.spec.env.items()}
         | {
             owner.spec.gpu_env: gpu_list,
@@ -98,6 +134,7 @@ def launch_for(
             "GCTL_GPUS": gpu_list,
             "GCTL_NODE": settings.node_name,
         }
+        | own
     )
     argv = command_argv(owner.spec, gpu_list, env)
     grace = owner.spec.termination_grace_period_seconds

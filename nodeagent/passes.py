@@ -374,11 +374,13 @@ class Pass:
         return launches.launch_for(self.runtime, self._settings, bound, owner, wait_for=wait_for)
 
     def _launch(self, bound: binding.Binding, launch: runtime.Launch) -> None:
+        rank = bound.spec.rank
         log.info(
-            "starting %s/%s attempt %d on GPUs [%s]: %s",
+            "starting %s/%s attempt %d%s on GPUs [%s]: %s",
             bound.namespace,
             bound.spec.job_name,
             bound.spec.attempt,
+            "" if rank is None else f" (rank {rank} of {len(bound.spec.members)})",
             ",".join(str(g) for g in bound.spec.gpus),
             shlex.join(launch.argv),
         )

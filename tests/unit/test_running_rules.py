@@ -71,6 +71,72 @@ def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
     )
 
 
+DISTRIBUTED = (
+    *("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES"),
+    *("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+    *("GCTL_NODE_RANK", "GCTL_NNODES", "GCTL_NODES"),
+)
+
+
+def _launch_env(bound: binding.Binding, env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    owner = make_job("j").in_namespace("default").build()
+    owner.spec.env = env
+    node = runtime.Runtime(tmp_path / "state")
+    try:
+        settings = launches.Settings(bound.spec.node, 30.0, None, 0.0)
+        return launches.launch_for(node, settings, bound, owner).env
+    finally:
+        node.close()
+
+
+def _member(rank: int, members: list[str], **spec: object) -> binding.Binding:
+    bound = make_binding("j", members[rank], [0, 1])
+    bound.spec = bound.spec.model_copy(update={"rank": rank, "members": members, **spec})
+    return bound
+
+
+def test_a_multi_node_member_is_told_its_rank_and_where_rank_0_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variables a PyTorchJob's pods get and torchrun's own; the Job's `env` wins over
+    the launchers' (the user knows better), never over gctl's own. A single-node attempt gets
+    none of them."""
+    for name in DISTRIBUTED:
+        monkeypatch.setenv(name, "from-the-agent")  # an agent started inside a launcher
+    bound = _member(2, ["a", "b", "c"], master_addr="a.lab", master_port=29612)
+
+    env = _launch_env(bound, {"MASTER_PORT": "1234", "GCTL_NODE_RANK": "0"}, tmp_path)
+
+    assert {name: env[name] for name in DISTRIBUTED} == {
+        "MASTER_ADDR": "a.lab",
+        "MASTER_PORT": "1234",  # the Job's env
+        "WORLD_SIZE": "3",
+        "RANK": "2",
+        "NODE_RANK": "2",
+        "NNODES": "3",
+        "PET_NNODES": "3",
+        "PET_NODE_RANK": "2",
+        "PET_MASTER_ADDR": "a.lab",
+        "PET_MASTER_PORT": "29612",
+        "GCTL_NODE_RANK": "2",  # not the Job's: gctl's own
+        "GCTL_NNODES": "3",
+        "GCTL_NODES": "a,b,c",
+    }
+    assert env["GCTL_NODE"] == "c"
+    for name in DISTRIBUTED:
+        monkeypatch.delenv(name)
+    alone = _launch_env(make_binding("j", "n", [0]), {}, tmp_path)  # a single-node attempt
+    assert not set(DISTRIBUTED) & set(alone)
+
+
+def test_a_member_bound_without_an_address_gets_rank_0s_node_and_its_jobs_port(
+    tmp_path: Path,
+) -> None:
+    env = _launch_env(_member(1, ["a", "b"]), {}, tmp_path)
+    port = str(binding.master_port("uid-j"))
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["PET_MASTER_PORT"]) == ("a", port, port)
+
+
 def test_the_master_port_is_the_jobs_own_and_spread_over_a_thousand() -> None:
     """Every member works it out alike, in any process (no salted hash); two gangs whose rank
     0 share a host seldom pick the same one."""
