@@ -86,13 +86,28 @@ def _job_duration(w: Wire, now: datetime) -> str:
 
 
 def _job_gpus(w: Wire, _now: datetime) -> str:
+    """`2`, `0.5x8Gi` (a share of a GPU with 8Gi of its memory); a multi-node Job's per node,
+    then how many nodes: `4/node*2`, `4x80Gi/node*2`. Not `2x4`, which reads as 2 GPUs of 4
+    bytes each (a memory quantity may be a bare number of bytes)."""
     resources = w["spec"].get("resources", {})
     if "gpus" not in resources and resources.get("profile"):
         text = str(resources["profile"])  # the count comes from the GPUProfile
     else:
         text = quantity.format_gpus(float(resources.get("gpus", 1)))
     memory = resources.get("gpuMemory")
-    return f"{text}x{memory}" if memory else text
+    text = f"{text}x{memory}" if memory else text
+    nodes = int(resources.get("nodes") or 1)
+    return f"{text}/node*{nodes}" if nodes > 1 else text
+
+
+def _job_node(w: Wire, _now: datetime) -> str:
+    """The node it runs on; a multi-node Job's rank 0 and how many more: `box1+3`."""
+    status = w["status"]
+    node = status.get("node")
+    if node is None:
+        return NONE
+    more = len(status.get("nodes") or []) - 1
+    return f"{node}+{more}" if more > 0 else str(node)
 
 
 def _pending(read: Callable[[Wire, datetime], str]) -> Callable[[Wire, datetime], str]:
@@ -331,7 +346,7 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             _AGE,
         ],
         [
-            ("NODE", field("status", "node")),
+            ("NODE", _job_node),
             ("GPU-IDS", _gpu_ids("status", "gpus")),
             ("ATTEMPTS", field("status", "attempts", default="0")),
             ("EXIT", field("status", "exitCode")),
@@ -421,7 +436,11 @@ COLUMNS: dict[str, tuple[list[Column], list[Column]]] = {
             ("PHASE", field("status", "phase")),
             _AGE,
         ],
-        [("PID", field("status", "pid")), ("EXIT", field("status", "exitCode"))],
+        [
+            ("PID", field("status", "pid")),
+            ("EXIT", field("status", "exitCode")),
+            ("RANK", field("spec", "rank")),  # a multi-node attempt's member; none alone
+        ],
     ),
     "Event": (
         [

@@ -285,7 +285,30 @@ def related(
     if kind == "Sweep":
         jobs = known.sweep_jobs.get(name, [])
         lines.extend(_section("Jobs:", ["Name", "Phase", "Point"], jobs, width, always=True))
+    if kind == "Job" and int(wire["spec"].get("resources", {}).get("nodes") or 1) > 1:
+        lines.extend(_members(reader, wire, width))
     return lines
+
+
+def _members(reader: "store.Store", wire: dict[str, Any], width: int) -> list[str]:
+    """A multi-node Job's latest attempt, member by member: the rank, its node and GPUs, and
+    where its process stands (its Binding's phase), as `kubectl describe` lists a PyTorchJob's
+    replicas. `<none>` until an attempt is bound."""
+    bindings = reader.bindings_of(wire["metadata"].get("uid", ""))
+    latest = max((b.spec.attempt for b in bindings), default=None)
+    members = sorted(
+        (b for b in bindings if b.spec.attempt == latest), key=lambda b: b.spec.rank or 0
+    )
+    rows = [
+        [
+            str(b.spec.rank or 0),
+            b.spec.node,
+            cells.index_ranges(b.spec.gpus) or cells.NONE,
+            b.status.phase,
+        ]
+        for b in members
+    ]
+    return _section("Nodes:", ["Rank", "Node", "GPUs", "Phase"], rows, width, always=True)
 
 
 def _depends(w: dict[str, Any]) -> list[str]:

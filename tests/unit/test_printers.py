@@ -477,6 +477,42 @@ def test_job_gpus_from_a_profile() -> None:
     assert cells._job_gpus(job, NOW) == "2x8Gi"
 
 
+@pytest.mark.parametrize(
+    ("resources", "text"),
+    [
+        ({"gpus": 4, "nodes": 2}, "4/node*2"),
+        ({"nodes": 3}, "1/node*3"),  # one GPU on each, by default
+        ({"gpus": 8, "gpuMemory": "80Gi", "nodes": 16}, "8x80Gi/node*16"),
+        ({"profile": "llama-70b", "nodes": 2}, "llama-70b/node*2"),
+    ],
+)
+def test_multi_node_job_gpus_say_per_node_and_how_many_nodes(
+    resources: dict[str, Any], text: str
+) -> None:
+    """Not `2x4`: `x` is followed by each GPU's memory (`2x4` would be 2 GPUs of 4 bytes)."""
+    assert cells._job_gpus(_job("train", resources=resources), NOW) == text
+    one = _job("train", resources={**resources, "nodes": 1})  # one node said outright
+    assert cells._job_gpus(one, NOW) == text.partition("/")[0]
+
+
+def test_a_multi_node_job_shows_rank_0s_node_and_how_many_more() -> None:
+    train = _job("ddp-llama-70b-pretrain", "Running", resources={"gpus": 8, "nodes": 64})
+    nodes = [f"gpu-node-{i:03d}" for i in range(64)]
+    train["status"] = {"phase": "Running", "node": nodes[0], "nodes": nodes, "gpus": [0, 1]}
+    alone = _job("eval", "Running")
+    alone["status"] = {"phase": "Running", "node": "gpu-node-007", "gpus": [3]}
+    plain = printers.Table("Job", wide=False, namespaces=False, show_labels=False)
+    wide = printers.Table("Job", wide=True, namespaces=False, show_labels=False)
+
+    header, *rows = plain.lines([train, alone], NOW, header=True)
+    wide_header, *wide_rows = wide.lines([train, alone], NOW, header=True)
+
+    assert rows[0].split()[2] == "8/node*64"
+    assert all(len(line) <= 100 for line in [header, *rows])
+    node = wide_header.split().index("NODE")
+    assert [r.split()[node] for r in wide_rows] == ["gpu-node-000+63", "gpu-node-007"]
+
+
 def test_profile_description_is_cut_to_fit() -> None:
     profile = {
         "kind": "GPUProfile",
