@@ -68,16 +68,20 @@ class _Either:
 
 @dataclass(frozen=True)
 class View:
-    """One Job (None once it is gone or replaced) and its attempts, read at `revision`."""
+    """One Job (None once it is gone or replaced) and its attempts, read at `revision`: of a
+    multi-node Job, the Bindings of member `rank` alone, one an attempt."""
 
     namespace: str
     name: str
     revision: int
     job: job.Job | None
     attempts: list[binding.Binding]
+    rank: int = 0
 
 
-def read_view(database: db.Database, namespace: str, name: str, uid: str | None = None) -> View:
+def read_view(
+    database: db.Database, namespace: str, name: str, uid: str | None = None, rank: int = 0
+) -> View:
     """Read the head revision first: every change after it is then seen by a watch from it."""
     from gctl.api import job
     from gctl.store import store
@@ -90,7 +94,15 @@ def read_view(database: db.Database, namespace: str, name: str, uid: str | None 
             found = None  # deleted and created again: not the Job we follow
         owner = uid or (found.metadata.uid if found is not None else None)
         attempts = reader.bindings_of(owner) if owner else []
-    return View(namespace, name, revision, found, attempts)
+    # A single-node attempt's one Binding has no rank: it is rank 0 of one.
+    ranked = [a for a in attempts if (a.spec.rank or 0) == rank]
+    return View(namespace, name, revision, found, ranked, rank)
+
+
+def attempt_words(attempt: binding.Binding) -> str:
+    """`attempt 2 of job train`, and `(rank 1)` for a multi-node attempt's other members."""
+    rank = f" (rank {attempt.spec.rank})" if attempt.spec.rank else ""
+    return f"attempt {attempt.spec.attempt} of job {attempt.spec.job_name}{rank}"
 
 
 def await_view(
@@ -111,7 +123,7 @@ def await_view(
                 for c in batch
             ):
                 continue
-            view = read_view(database, view.namespace, view.name, uid)
+            view = read_view(database, view.namespace, view.name, uid, view.rank)
             decided = decide(view)
             if decided is not None:
                 return decided, view
@@ -141,7 +153,7 @@ def show(
 ) -> None:
     """Print an attempt's log; with `follow`, keep printing until the attempt ends. A log that
     is not on this machine (or any, with `from_node`) comes through its node's agent."""
-    where = f"attempt {attempt.spec.attempt} of job {attempt.spec.job_name}"
+    where = attempt_words(attempt)
     if attempt.status.log_path is None:
         why = attempt.status.message or attempt.status.reason or "no reason given"
         raise errors.NotFound(f"{where} ended before it started: {why}")

@@ -85,7 +85,7 @@ def _print(
 
     out = sys.stdout.buffer
     node = attempt.spec.node
-    where = f"attempt {attempt.spec.attempt} of job {attempt.spec.job_name}"
+    where = following.attempt_words(attempt)
     answer_by = time.monotonic() + ANSWER_SECONDS
     agent = _Agent(database, node)
     heard: tuple[str, int] | None = None  # the request's state and bytes sent, last seen

@@ -38,6 +38,7 @@ def logs(
     previous: bool,
     db_url: str | None,
     from_node: bool = False,
+    rank: int | None = None,
 ) -> None:
     from gctl.store import db
 
@@ -45,13 +46,16 @@ def logs(
     if attempt is not None and previous:
         raise errors.Invalid("--attempt and --previous: give one of them")
     database = db.Database.open(db_url, create=False)
-    view = following.read_view(database, namespace or kinds.DEFAULT_NAMESPACE, name)
+    view = following.read_view(database, namespace or kinds.DEFAULT_NAMESPACE, name, rank=rank or 0)
     if view.job is None:
         raise errors.NotFound(f'job "{name}" not found in namespace "{view.namespace}"')
+    if rank is not None:
+        _check_rank(view.job, rank)
     chosen = _chosen(view, attempt, previous)
     wanted = None if chosen is None else chosen.spec.attempt
     if not follow and (chosen is None or not following.started(chosen)):
         which = f"attempt {wanted} of " if attempt is not None else ""
+        which = f"rank {rank} of {which}" if rank else which
         raise errors.NotFound(f"{which}job {name} has not started yet")
     stop = threading.Event()
     try:
@@ -63,6 +67,21 @@ def logs(
             following.show(database, started, view.revision, follow, stop, from_node=from_node)
     except following.Interrupted:
         raise SystemExit(following.INTERRUPTED) from None
+
+
+def _check_rank(owner: job.Job, rank: int) -> None:
+    """`--rank R` names a member of a multi-node Job: R below its node count."""
+    nodes = owner.spec.resources.node_count()
+    if nodes == 1:
+        raise errors.Invalid(
+            f"--rank {rank}: job {owner.name} runs on one node (resources.nodes is not set): "
+            "leave --rank out"
+        )
+    if rank >= nodes:
+        raise errors.Invalid(
+            f"--rank {rank}: job {owner.name} runs on {nodes} nodes: give a rank from 0 to "
+            f"{nodes - 1}"
+        )
 
 
 def _job_name(text: str) -> str:
@@ -133,6 +152,7 @@ def run(
     node: str | None = None,
     gpu_ids: str | None = None,
     from_node: bool = False,
+    nodes: str | None = None,
     depends_on: list[str] | None = None,
     backoff_limit: str | None = None,
     time_limit: str | None = None,
@@ -151,6 +171,7 @@ def run(
             ("gpus", _number(gpus)),
             ("gpuMemory", gpu_memory),
             ("profile", profile),
+            ("nodes", _number(nodes)),
         )
         if value is not None
     }
@@ -240,13 +261,18 @@ def _number(text: str | None) -> int | float | str | None:
 
 
 def _placement(node: str | None, gpu_ids: str | None) -> dict[str, Any]:
-    """spec.placement from --node and --gpu-ids (`0,1`, `0-3`), as srun's --nodelist and the
-    GPU lists of the schedulers gctl replaces pin a job."""
+    """spec.placement from --node (one, or `a,b,c`: the nodes it may use) and --gpu-ids
+    (`0,1`, `0-3`), as srun's --nodelist and the GPU lists of the schedulers gctl replaces pin
+    a job."""
     from gctl.api import selection
 
     placement: dict[str, Any] = {}
     if node is not None:
-        placement["node"] = node
+        listed = [name for name in node.split(",") if name]
+        if len(listed) > 1:
+            placement["nodes"] = listed
+        else:
+            placement["node"] = node
     if gpu_ids is not None:
         try:
             placement["gpus"] = selection.expand_indices([gpu_ids])

@@ -33,6 +33,14 @@ def logs(
     previous: Annotated[
         bool, typer.Option("-p", "--previous", help="Show the attempt before the latest.")
     ] = False,
+    rank: Annotated[
+        int | None,
+        typer.Option(
+            "--rank",
+            help="Of a multi-node Job, show member R's output, from its node (default: rank 0).",
+            min=0,
+        ),
+    ] = None,
     from_node: FromNodeOpt = False,
     db: DbOpt = None,
 ) -> None:
@@ -47,6 +55,7 @@ def logs(
         previous=previous,
         db_url=db,
         from_node=from_node,
+        rank=rank,
     )
 
 
@@ -104,7 +113,18 @@ def run(
             help="The variable that carries the GPU list, e.g. ASCEND_RT_VISIBLE_DEVICES.",
         ),
     ] = None,
-    node: Annotated[str | None, typer.Option("--node", help="Run on this node only.")] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes",
+            help="Run on this many nodes at once, --gpus whole GPUs on each (as srun --nodes); "
+            "each gets MASTER_ADDR, RANK, WORLD_SIZE and torchrun's PET_ variables.",
+        ),
+    ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="Run on this node only, or on some of a,b,c (--nodes)."),
+    ] = None,
     gpu_ids: Annotated[
         str | None,
         typer.Option(
@@ -147,6 +167,7 @@ def run(
         attach=attach,
         db_url=db,
         node=node,
+        nodes=nodes,
         gpu_ids=gpu_ids,
         from_node=from_node,
     )

@@ -8,9 +8,10 @@ from typing import Any
 
 from gctl.api import binding, job, meta
 from gctl.store import db, store
-from tests.builders import make_job
+from tests.builders import make_job, stored
 from tests.conftest import Gctl
 from tests.e2e.test_cli import table
+from tests.e2e.test_running import error_line
 
 NODES = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
 
@@ -125,6 +126,47 @@ def test_describe_a_pending_multi_node_job_has_no_members_yet(
     described = gctl.ok("describe", "job", "waits")
 
     assert "Nodes:        <none>" in described.splitlines()
+
+
+def test_logs_rank_names_a_member_of_a_multi_node_job(gctl: Gctl, database: db.Database) -> None:
+    running_on(database, "ddp", NODES[:2], [[0], [0]])
+    running_on(database, "alone", ["gpu-node-a"], [[1]])
+
+    assert error_line(gctl("logs", "ddp", "--rank", "2")) == (
+        "error: --rank 2: job ddp runs on 2 nodes: give a rank from 0 to 1"
+    )
+    assert error_line(gctl("logs", "alone", "--rank", "1")) == (
+        "error: --rank 1: job alone runs on one node (resources.nodes is not set): leave --rank out"
+    )
+    assert error_line(gctl("logs", "alone", "--rank", "0")).startswith("error: --rank 0: ")
+    assert error_line(gctl("logs", "ddp", "--rank", "1")) == (
+        "error: rank 1 of job ddp has not started yet"  # bound, not launched: no log yet
+    )
+    refused = gctl("logs", "ddp", "--rank", "-1")
+    assert refused.code != 0
+    assert "--rank" in refused.err
+    assert "Traceback" not in refused.err
+
+
+def test_run_nodes_makes_a_multi_node_job(gctl: Gctl, database: db.Database) -> None:
+    """--nodes sets resources.nodes, --gpus whole GPUs on each; --node a,b the nodes it may
+    use; a fraction on several nodes is refused in one line, naming the field."""
+    assert "--nodes" in gctl.ok("run", "--help")
+    gctl.ok("run", "--name", "ddp", "--nodes", "2", "--gpus", "4", "--", "torchrun", "t.py")
+    argv = ["run", "--name", "pinned", "--nodes", "2", "--node", "box1,box2,box3"]
+    gctl.ok(*argv, "--", "torchrun", "t.py")
+
+    made = stored(database, job.Job, "ddp").spec
+    pinned = stored(database, job.Job, "pinned").spec
+    assert (made.resources.nodes, made.resources.gpus) == (2, 4)
+    assert (pinned.resources.nodes, pinned.resources.gpus) == (2, 1)
+    assert pinned.placement is not None
+    assert (pinned.placement.node, pinned.placement.nodes) == (None, ["box1", "box2", "box3"])
+    assert gctl.ok("get", "jobs", "ddp").split()[8] == "4/node*2"
+    line = error_line(gctl("run", "--nodes", "2", "--gpus", "0.5", "--", "true"))
+    assert "spec.resources.gpus: a Job on 2 nodes takes whole GPUs on each" in line
+    line = error_line(gctl("run", "--nodes", "3", "--node", "box1,box2", "--", "true"))
+    assert "spec.placement.nodes: lists 2 node(s) but resources.nodes asks for 3" in line
 
 
 def test_wide_bindings_show_each_members_rank(gctl: Gctl, database: db.Database) -> None:
