@@ -116,7 +116,7 @@ def _why_gang(
     """A multi-node request's message: how many nodes have its GPUs free now ("needs 2 nodes
     with 4 free GPUs each, 1 has them (a); 6/16 GPUs fit: 10 in use"), or, where too few
     nodes have that many GPUs it may ever use, that it cannot fit as the pool is ("needs 3
-    nodes with 4 GPUs each in pool default, only 2 have 4 it may use (a,b); ..."); then the
+    nodes with 4 GPUs each: pool default has only 2 such nodes (a,b); ..."); then the
     GPUs counted as for one node."""
     wanted = max(1, int(request.gpus))
     counts = Counter(static.counts)
@@ -139,11 +139,9 @@ def _why_gang(
     tail = _counted(counts, fit, static.total)
     needs = f"needs {request.nodes} nodes with {wanted}"
     if len(usable) < request.nodes:
-        have = {0: "none has", 1: "only 1 has"}.get(len(usable), f"only {len(usable)} have")
-        return (
-            f"{needs} GPUs each in pool {pool.name}, {have} {wanted} it may use"
-            f"{_names(usable)}; {tail}"
-        )
+        have = "no such node" if not usable else f"only {len(usable)} such node"
+        plural = "s" if len(usable) > 1 else ""
+        return f"{needs} GPUs each: pool {pool.name} has {have}{plural}{_names(usable)}; {tail}"
     have = "1 has" if len(free) == 1 else f"{len(free)} have"
     return f"{needs} free GPUs each, {have} them{_names(free)}; {tail}"
 

@@ -260,13 +260,21 @@ def _lost(attempt: binding.Binding) -> tuple[str, str]:
 
 
 def _account(
-    writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
+    writer: store.Store,
+    j: job.Job,
+    latest: binding.Binding,
+    now: datetime,
+    base: timedelta,
+    *,
+    members: list[binding.Binding] | None = None,
 ) -> None:
-    """The latest attempt ended: decide what that means for the Job, once."""
+    """The latest attempt ended (`members`: a multi-node attempt's, `latest` the one that
+    decides how): decide what that means for the Job, once."""
     if j.status.phase != "Running" and latest.status.start_time is not None:
         # It ran, and ended before the controller saw it running: Started is told now, before
         # how it ended, so that `describe` shows every attempt that ran.
-        _record_started(writer, j, latest)
+        started = [m for m in members or [] if m.status.start_time is not None]
+        _record_started(writer, j, latest, started or None)
     status = j.status
     status.exit_code = latest.status.exit_code
     # A Job bound ahead gets its start time from the first attempt of its run that started,
@@ -558,7 +566,7 @@ def _reconcile_members(
         return _follow_members(writer, j, members, active, now)
     if j.status.phase in ("Scheduled", "Running"):
         if members[0].spec.attempt == j.status.attempts and _complete(members):
-            _account(writer, j, _deciding(members), now, backoff_base)
+            _account(writer, j, _deciding(members), now, backoff_base, members=members)
         else:  # Bindings deleted by hand: the attempt is gone
             number = j.status.attempts
             message = f"attempt {number} (or a member of it) disappeared; retrying"

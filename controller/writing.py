@@ -377,10 +377,14 @@ def _bound(
     status.reason = None
     status.message = None
     status.estimated_start_time = None
-    message = f"attempt {attempt} bound to " + ", ".join(
+    where = [
         f"{node}, GPUs [{','.join(str(g) for g in gpus) or 'none'}]"
         for node, gpus in decision.ranks()
-    )
+    ]
+    if len(where) == 1:
+        message = f"attempt {attempt} bound to {where[0]}"
+    else:  # a multi-node Job: its members by rank
+        message = f"attempt {attempt} bound to {len(where)} nodes: " + "; ".join(where)
     if decision.after:
         names = sorted({f"{b.namespace}/{_job_of(b)}" for b in decision.after})
         message += f", to start when {', '.join(names)} end" + ("s" if len(names) == 1 else "")

@@ -60,6 +60,8 @@ def test_a_two_node_job_meets_at_rank_0_and_succeeds(
     assert done["status"]["node"] == nodes[0]
     assert (tmp_path / "rank-0").read_text() == f"0 2 {','.join(nodes)} 0,1 heard 1@{nodes[1]}"
     assert (tmp_path / "rank-1").read_text() == f"1 2 {','.join(nodes)} 0,1"
+    bound = f"attempt 1 bound to 2 nodes: {nodes[0]}, GPUs [0,1]; {nodes[1]}, GPUs [0,1]"
+    assert bound in gctl.ok("describe", "job", "ddp")
     bindings = {
         b["metadata"]["name"]: b["spec"]
         for b in json.loads(gctl.ok("get", "bindings", "-o", "json"))["items"]

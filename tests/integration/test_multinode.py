@@ -293,3 +293,14 @@ def test_a_job_bound_ahead_behind_a_member_waits_for_that_member(
     assert member.spec.node == "n2"
     follower = _member(database, "next-1")
     assert (follower.spec.node, follower.spec.after) == ("n2", [member.metadata.uid])
+
+
+def test_members_that_ended_before_the_controller_looked_are_told_started(
+    database: db.Database,
+) -> None:
+    _bound_gang(database, "ddp", TWO)
+    for name in ("ddp-1", "ddp-1-r1"):
+        report_attempt(database, name, "Exited", T0, exit_code=0)
+    _reconcile(database, "ddp")
+    assert _job(database, "ddp").status.phase == "Succeeded"
+    assert "Started: attempt 1 started on n1, n2" in _events(database, "ddp")

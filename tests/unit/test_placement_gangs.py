@@ -204,12 +204,12 @@ def test_a_gang_that_can_never_fit_is_told_so() -> None:
     shot = snapshot(gpus("a", 4), gpus("b", 4), gpus("c", 2), gpus("d", 4, state="Cordoned"))
     result = decide(shot, gang("g", 3, 4))
     assert result["g"].message == (
-        "needs 3 nodes with 4 GPUs each in pool default, only 2 have 4 it may use (a,b); "
+        "needs 3 nodes with 4 GPUs each: pool default has only 2 such nodes (a,b); "
         "10/14 GPUs fit: 4 cordoned"
     )
     result = decide(snapshot(gpus("a", 2)), gang("g", 2, 4))
     assert result["g"].message == (
-        "needs 2 nodes with 4 GPUs each in pool default, none has 4 it may use; 2/2 GPUs fit"
+        "needs 2 nodes with 4 GPUs each: pool default has no such node; 2/2 GPUs fit"
     )
 
 
