@@ -66,7 +66,8 @@ def distributed_env(spec: binding.BindingSpec) -> tuple[dict[str, str], dict[str
     MASTER_ADDR and MASTER_PORT say where rank 0 listens, WORLD_SIZE and RANK count nodes (a
     PyTorchJob's replicas; torchrun sets them again for each process it starts), and the
     `PET_` ones are torchrun's own configuration (`--nnodes`, `--node-rank`, `--master-addr`,
-    `--master-port`), so `torchrun --nproc-per-node 8 train.py` needs nothing more. A member
+    `--master-port`, `--nproc-per-node`: one process per GPU), so `torchrun train.py` needs
+    nothing more. A member
     bound without an address or port gets rank 0's node name and `binding.master_port` of its
     Job, which every member works out alike."""
     if spec.rank is None:
@@ -86,6 +87,8 @@ def distributed_env(spec: binding.BindingSpec) -> tuple[dict[str, str], dict[str
         "PET_NODE_RANK": rank,
         "PET_MASTER_ADDR": address,
         "PET_MASTER_PORT": port,
+        # torchrun's --nproc-per-node: a process per GPU of the member, as Kubeflow sets it
+        "PET_NPROC_PER_NODE": str(len(spec.gpus) or 1),
     }
     own = {"GCTL_NODE_RANK": rank, "GCTL_NNODES": nodes, "GCTL_NODES": ",".join(spec.members)}
     return launcher, own

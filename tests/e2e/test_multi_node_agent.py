@@ -105,6 +105,7 @@ def test_each_member_is_told_its_rank_and_where_rank_0_listens(
             "PET_NODE_RANK": str(rank),
             "PET_MASTER_ADDR": MASTER,
             "PET_MASTER_PORT": port,
+            "PET_NPROC_PER_NODE": "1",
             "GCTL_ATTEMPT": "1",
             "GCTL_GPUS": str(rank),
             "GCTL_NODE": node_name,

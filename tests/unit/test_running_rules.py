@@ -74,6 +74,7 @@ def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
 DISTRIBUTED = (
     *("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES"),
     *("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+    "PET_NPROC_PER_NODE",
     *("GCTL_NODE_RANK", "GCTL_NNODES", "GCTL_NODES"),
 )
 
@@ -118,6 +119,7 @@ def test_a_multi_node_member_is_told_its_rank_and_where_rank_0_listens(
         "PET_NODE_RANK": "2",
         "PET_MASTER_ADDR": "a.lab",
         "PET_MASTER_PORT": "29612",
+        "PET_NPROC_PER_NODE": "2",  # its two GPUs
         "GCTL_NODE_RANK": "2",  # not the Job's: gctl's own
         "GCTL_NNODES": "3",
         "GCTL_NODES": "a,b,c",
