@@ -4,6 +4,9 @@ A trace is a CSV with the columns `job_id`, `submit_s`, `duration_s` and `gpus` 
 such as the Philly trace's `vc`, are ignored). `submit_s` and `duration_s` are seconds; `gpus`
 is a GPU count (a fraction below 1 is allowed, as gctl shares GPUs). Everything here is pure:
 no database, no processes, so unit tests give it hand-made traces.
+
+A job may span several nodes: it then asks for `gpus` GPUs on each of `nodes` distinct nodes at
+once, as a multi-node Job does, and holds all `nodes x gpus` until it ends.
 """
 
 import csv
@@ -26,7 +29,12 @@ class TraceJob:
     job_id: str
     submit: float  # seconds, as in the trace
     duration: float  # seconds of run time
-    gpus: float
+    gpus: float  # on each of its nodes
+    nodes: int = 1  # distinct nodes at once, all started and ended together
+
+    @property
+    def total_gpus(self) -> float:
+        return self.gpus * self.nodes
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,7 @@ class Record:
     submit: float
     start: float  # its first attempt started
     finish: float  # its last attempt ended
-    gpus: float
+    gpus: float  # on all its nodes together
 
 
 @dataclass(frozen=True)
@@ -125,8 +133,10 @@ def lower_bound(jobs: Sequence[TraceJob], total_gpus: int) -> float:
     duration: max_i(s_i + d_i). And the jobs submitted at or after a time s cannot start before
     s, and their GPU-seconds W(s) take at least W(s)/G on G GPUs: max over submission times of
     (s + W(s)/G); at s = the first submission that is the whole trace's work over all GPUs.
-    Times are relative to the first submission. (It ignores that a job cannot be split over
-    nodes or time, so real schedules can be well above it when a few jobs dominate.)
+    A multi-node job's work is all its GPUs' (nodes x gpus) for its duration: it holds them
+    all, so both facts still hold. Times are relative to the first submission. (It ignores that
+    a job cannot be split over nodes or time, so real schedules can be well above it when a
+    few jobs dominate.)
     """
     if not jobs:
         return 0.0
@@ -134,27 +144,30 @@ def lower_bound(jobs: Sequence[TraceJob], total_gpus: int) -> float:
     bound = max(j.submit - first + j.duration for j in jobs)
     later_work = 0.0
     for j in sorted(jobs, key=lambda j: j.submit, reverse=True):
-        later_work += j.gpus * j.duration
+        later_work += j.total_gpus * j.duration
         bound = max(bound, j.submit - first + later_work / total_gpus)
     return bound
 
 
 def fifo_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> float:
     """The makespan of an ideal first-come-first-served list scheduler, for reference: no
-    latency at all, each job on the fullest node it fits on, later jobs may start ahead of
-    one that does not fit yet (backfill). GPUs are counted per node as a float, so fractions
-    pack perfectly. The gap between this and the lower bound is the policy's, not gctl's."""
+    latency at all, each job on the fullest node it fits on (a multi-node job of n nodes on
+    the n fullest nodes with its GPUs free on each, held until it ends), later jobs may start
+    ahead of one that does not fit yet (backfill). GPUs are counted per node as a float, so
+    fractions pack perfectly. The gap between this and the lower bound is the policy's, not
+    gctl's."""
     return _list_schedule(jobs, nodes, gpus_per_node, reserve=False)
 
 
 def easy_makespan(jobs: Sequence[TraceJob], nodes: int, gpus_per_node: int) -> float:
     """The makespan of EASY backfilling (Lifka, 1995; Slurm's backfill with exact time
     limits) that knows every job's run time, for reference: as `fifo_makespan`, but the first
-    waiting job that does not fit reserves the node where it could start soonest, and a later
-    job may use that node only if it ends by then. gctl reserves the same way, but without run
-    times it cannot backfill a reserved node; so this is a clairvoyant version of its policy.
-    A later job may also use the reserved node's GPUs that the reserved job will not need when
-    it starts, however long it runs (EASY's "extra" resources)."""
+    waiting job that does not fit reserves the node where it could start soonest (a multi-node
+    job of n nodes: the n nodes where it could, from when the last of them could), and a later
+    job may use a reserved node only if it ends by then. gctl reserves the same way, but
+    without run times it cannot backfill a reserved node; so this is a clairvoyant version of
+    its policy. A later job may also use a reserved node's GPUs that the reserved job will not
+    need when it starts, however long it runs (EASY's "extra" resources, node by node)."""
     return _list_schedule(jobs, nodes, gpus_per_node, reserve=True)
 
 
@@ -177,7 +190,7 @@ def _list_schedule(
         return 0.0
     ordered = sorted(jobs, key=lambda j: j.submit)
     free = [float(gpus_per_node)] * nodes
-    running: list[tuple[float, int, float]] = []  # (finish, node, gpus), a heap
+    running: list[tuple[float, int, float]] = []  # (finish, node, gpus), a heap; one per node
     waiting: list[TraceJob] = []
     index, now, last = 0, ordered[0].submit, ordered[0].submit
     while index < len(ordered) or waiting or running:
@@ -195,51 +208,76 @@ def _list_schedule(
         if longest_first:
             waiting.sort(key=lambda j: -j.duration)  # stable: the oldest first among equals
         left = []
-        held: list[float] | None = None  # the reservation: its start, its node, GPUs to spare
+        held: Reservation | None = None
         for j in waiting:
             fits = [
                 n
                 for n in range(nodes)
-                if free[n] >= j.gpus - EPSILON
-                and (
-                    held is None
-                    or n != held[1]
-                    or now + j.duration <= held[0]
-                    or j.gpus <= held[2] + EPSILON
-                )
+                if free[n] >= j.gpus - EPSILON and (held is None or held.allows(n, j, now))
             ]
-            if not fits:
+            if len(fits) < j.nodes:
                 left.append(j)
                 if reserve and held is None:
-                    held = list(_soonest_start(j.gpus, free, running, now))
+                    held = _soonest_start(j.gpus, free, running, now, j.nodes)
                 continue
-            where = min(fits, key=lambda n: free[n])
-            free[where] -= j.gpus
-            if held is not None and where == held[1] and now + j.duration > held[0]:
-                held[2] -= j.gpus  # it outlasts the reservation's start: on the GPUs to spare
-            heapq.heappush(running, (now + j.duration, where, j.gpus))
+            for where in sorted(fits, key=lambda n: free[n])[: j.nodes]:  # the fullest first
+                free[where] -= j.gpus
+                if held is not None:
+                    held.take(where, j, now)
+                heapq.heappush(running, (now + j.duration, where, j.gpus))
         waiting = left
     return last - ordered[0].submit
 
 
+@dataclass
+class Reservation:
+    """EASY's reservation for the first waiting job that does not fit: from `start` it takes
+    its GPUs on each node of `spare`, which maps each to the GPUs it will leave free then."""
+
+    start: float
+    spare: dict[int, float]
+
+    def allows(self, node: int, job: TraceJob, now: float) -> bool:
+        """A job may use a reserved node if it ends by the start or fits in what is spare."""
+        return (
+            node not in self.spare
+            or now + job.duration <= self.start
+            or job.gpus <= self.spare[node] + EPSILON
+        )
+
+    def take(self, node: int, job: TraceJob, now: float) -> None:
+        if node in self.spare and now + job.duration > self.start:
+            self.spare[node] -= job.gpus  # it outlasts the start: on the GPUs to spare
+
+
 def _soonest_start(
-    gpus: float, free: list[float], running: list[tuple[float, int, float]], now: float
-) -> tuple[float, int, float]:
-    """When and where a job of `gpus` could start soonest as the running jobs end (then the
-    node with the most GPUs free now, then the first), and how many GPUs that node will have
-    to spare then: jobs that outlast the start may use those (EASY's "extra" resources)."""
-    best: tuple[float, float, int, float] | None = None
+    gpus: float,
+    free: list[float],
+    running: list[tuple[float, int, float]],
+    now: float,
+    nodes: int = 1,
+) -> Reservation:
+    """When and where a job of `gpus` GPUs on each of `nodes` nodes could start soonest as the
+    running jobs end: the `nodes` nodes that have its GPUs free soonest (then those with the
+    most GPUs free now, then the first), from when the last of them does; and how many GPUs
+    each will have to spare then: jobs that outlast the start may use those (EASY's "extra"
+    resources)."""
+    soonest = []  # (when the node has `gpus` free, -free now, node)
     for node, free_now in enumerate(free):
         available, start = free_now, now
         for finish, _, used in sorted(r for r in running if r[1] == node):
             if available >= gpus - EPSILON:
                 break
             available, start = available + used, finish
-        candidate = (start, -free_now, node, available - gpus)
-        if best is None or candidate < best:
-            best = candidate
-    assert best is not None  # fit() keeps every job within one node
-    return best[0], best[2], best[3]
+        soonest.append((start, -free_now, node))
+    chosen = sorted(soonest)[:nodes]
+    assert len(chosen) == nodes  # fit() keeps every job within the cluster
+    start = chosen[-1][0]
+    spare = {}
+    for _, minus_free, node in chosen:  # what is free there at the start, less the job's
+        ended = sum(used for finish, where, used in running if where == node and finish <= start)
+        spare[node] = -minus_free + ended - gpus
+    return Reservation(start, spare)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

@@ -78,6 +78,15 @@ def test_lower_bound_takes_the_larger_of_the_two_bounds(tmp_path: Path) -> None:
     assert trace.lower_bound([jobs[0], jobs[4]], 1) == 22
 
 
+def test_the_lower_bound_counts_every_gpu_of_a_multi_node_job() -> None:
+    # 2 nodes x 4 GPUs for 10 s and 4 GPUs for 10 s: 120 GPU-seconds on 8 GPUs take 15 s
+    # (counting the multi-node job's 4 GPUs once would give 10). Both can only run one after
+    # the other on 2 x 4 GPUs, 20 s, so 15 is a bound that holds.
+    jobs = [trace.TraceJob("g", 0, 10, 4, nodes=2), trace.TraceJob("a", 0, 10, 4)]
+    assert trace.lower_bound(jobs, 8) == 15
+    assert trace.fifo_makespan(jobs, nodes=2, gpus_per_node=4) == 20
+
+
 def test_metrics_of_a_known_schedule() -> None:
     records = [trace.Record(s, b, f, g) for s, b, f, g in RUNS.values()]
     result = trace.metrics(records, total_gpus=4, bound=26.25)
@@ -126,11 +135,37 @@ def test_the_easy_reservation_is_where_the_job_could_start_soonest() -> None:
     # a job of 2 GPUs ends at 20. Running: (finish, node, gpus).
     running = [(50.0, 0, 2.0), (30.0, 0, 1.0), (20.0, 1, 2.0)]
     free = [1.0, 2.0]
-    # (start, node, GPUs to spare on it then)
-    assert trace._soonest_start(4, free, running, now=5) == (20, 1, 0)
-    assert trace._soonest_start(2, free, running, now=5) == (5, 1, 0)  # fits node 1 now
-    assert trace._soonest_start(1, free, running, now=5) == (5, 1, 1)  # both now: most free
-    assert trace._soonest_start(2, [1.0, 0.0], running, now=5) == (20, 1, 0)  # 30 on node 0
+
+    def reserved(start: float, spare: dict[int, float]) -> trace.Reservation:
+        return trace.Reservation(start, spare)  # {node: GPUs to spare on it then}
+
+    assert trace._soonest_start(4, free, running, now=5) == reserved(20, {1: 0})
+    assert trace._soonest_start(2, free, running, now=5) == reserved(5, {1: 0})  # node 1 now
+    assert trace._soonest_start(1, free, running, now=5) == reserved(5, {1: 1})  # most free
+    assert trace._soonest_start(2, [1.0, 0.0], running, now=5) == reserved(20, {1: 0})
+
+
+def test_a_multi_node_reservation_starts_when_its_last_node_frees() -> None:
+    """n nodes: the n that have the GPUs free soonest, from when the n-th does; each node's
+    spare GPUs are what is free on it then, so a node that freed early spares what ended
+    since."""
+    # Node 0: 1 free, 1 GPU ends at 30 and 2 at 50. Node 1: 2 free, 2 end at 20. Node 2: none
+    # free, 4 end at 40.
+    running = [(50.0, 0, 2.0), (30.0, 0, 1.0), (20.0, 1, 2.0), (40.0, 2, 4.0)]
+    free = [1.0, 2.0, 0.0]
+    # 2 GPUs on each of 2 nodes: node 1 has them now, node 0 at 30, node 2 at 40. At 30 node 1
+    # has 4 free (its 2 ended at 20): 2 to spare; node 0 has 2: none.
+    assert trace._soonest_start(2, free, running, now=5, nodes=2) == trace.Reservation(
+        30, {1: 2, 0: 0}
+    )
+    # On all 3: from 40, when node 2's 4 free; node 0 still has 2 free then (its 2 end at 50).
+    assert trace._soonest_start(2, free, running, now=5, nodes=3) == trace.Reservation(
+        40, {1: 2, 0: 0, 2: 2}
+    )
+    # 4 on each of 2: node 1 at 20, node 2 at 40 (node 0 only at 50).
+    assert trace._soonest_start(4, free, running, now=5, nodes=2) == trace.Reservation(
+        40, {1: 0, 2: 0}
+    )
 
 
 def test_the_easy_reference_lets_a_long_job_use_the_gpus_the_reserved_one_will_not_need() -> None:
@@ -140,6 +175,55 @@ def test_the_easy_reference_lets_a_long_job_use_the_gpus_the_reserved_one_will_n
         trace.TraceJob("d", 0, 1000, 2),  # outlasts 100, but on those 2: it starts at once
     ]
     assert trace.easy_makespan(jobs, nodes=1, gpus_per_node=8) == 1000
+
+
+def test_the_fifo_reference_starts_a_multi_node_job_on_distinct_nodes_all_at_once() -> None:
+    jobs = [
+        trace.TraceJob("a", 0, 10, 2),  # on node 0 until 10
+        trace.TraceJob("g", 1, 10, 4, nodes=2),  # 4 on each of 2 nodes: only node 1 has them
+        trace.TraceJob("b", 2, 5, 2),  # backfills beside a, 2-7
+        trace.TraceJob("c", 12, 1, 1),  # g holds every GPU of both nodes until 20
+    ]
+    # g starts at 10, when a ends, on both nodes, and holds both until 20; c runs 20-21.
+    # (On one node, g would run 1-11 and c 12-13.)
+    assert trace.fifo_makespan(jobs, nodes=2, gpus_per_node=4) == 21
+
+
+def test_a_multi_node_job_takes_the_fullest_nodes_that_have_its_gpus() -> None:
+    jobs = [
+        trace.TraceJob("x", 0, 100, 1),  # node 0: 3 free
+        trace.TraceJob("g", 1, 10, 2, nodes=2),  # nodes 0 and 1: node 2 stays whole
+        trace.TraceJob("y", 2, 100, 4),  # so y starts at once on node 2, 2-102
+    ]
+    assert trace.fifo_makespan(jobs, nodes=3, gpus_per_node=4) == 102  # on 1 and 2: y 11-111
+    assert trace.easy_makespan(jobs, nodes=3, gpus_per_node=4) == 102
+
+
+def test_the_easy_reference_reserves_every_node_of_a_multi_node_job() -> None:
+    jobs = [
+        trace.TraceJob("a", 0, 10, 4),  # node 0 until 10
+        trace.TraceJob("b", 0, 20, 4),  # node 1 until 20
+        trace.TraceJob("g", 1, 10, 4, nodes=2),  # reserves nodes 2 (free) and 0 from 10
+        trace.TraceJob("c", 2, 30, 2),  # would hold node 2 past 10: waits
+        trace.TraceJob("d", 3, 5, 2),  # ends by 10: backfills on node 2, 3-8
+    ]
+    # g runs 10-20 on nodes 0 and 2; c waits for a node with 2 free: 20-50. Without the
+    # reservation on node 2, c runs 2-32 there and g waits for nodes 0 and 1: 20-30.
+    assert trace.easy_makespan(jobs, nodes=3, gpus_per_node=4) == 50
+    assert trace.fifo_makespan(jobs, nodes=3, gpus_per_node=4) == 32
+
+
+def test_the_easy_reference_spares_gpus_on_each_reserved_node() -> None:
+    jobs = [
+        trace.TraceJob("a", 0, 10, 2),  # node 0, 2 of 4 until 10
+        trace.TraceJob("b", 0, 10, 4),  # node 1 until 10
+        trace.TraceJob("g", 1, 5, 3, nodes=2),  # from 10 on both: 1 GPU to spare on each
+        trace.TraceJob("d", 2, 100, 1),  # outlasts 10, but on node 0's spare GPU: 2-102
+        trace.TraceJob("e", 3, 90, 1),  # node 0 has 1 free but none to spare: waits
+    ]
+    # g 10-15 on both nodes, e beside it on node 1 from 10 to 100, d ends at 102. Without
+    # node 0's spare GPU, d would wait for g too and end at 110.
+    assert trace.easy_makespan(jobs, nodes=2, gpus_per_node=4) == 102
 
 
 def test_the_longest_first_reference_starts_the_longest_waiting_job_first() -> None:
