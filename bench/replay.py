@@ -1,8 +1,8 @@
 """Trace replay: a job trace through the real controller and virtual nodes, and how it went.
 
 `python -m bench replay TRACE.csv [--nodes 8] [--gpus-per-node 8] [--time-scale 3600]
-[--limit 500] [--oversize clip|skip] [--queue-order LongestFirst|FIFO] [--bind-ahead] [--db URL]
-[--json]` starts `gctl controller run` and
+[--limit 500] [--oversize clip|skip|span] [--queue-order LongestFirst|FIFO] [--bind-ahead]
+[--db URL] [--json]` starts `gctl controller run` and
 `gctl agent run --simulate` (bench.sim) on a scratch database, submits each job of the trace
 when its `submit_s`, divided by the time scale, has passed (as a Job whose
 `gctl/simulated-duration` is its `duration_s`), waits until all have finished, and reports in
@@ -21,6 +21,12 @@ Slurm user gives `--time`, and never reached. In a LongestFirst pool the longest
 first, and these limits rank the jobs exactly as their run times do, as no user's estimates
 quite would; the limits also give the scheduler the end times its reservations and estimates
 work from.
+
+A job asking more GPUs than a node has asks for a whole node instead (`--oversize clip`, the
+default, so the suite's figure stays comparable with its history), is left out (`skip`), or
+becomes a multi-node Job (`span`, bench.trace.fit: 16 GPUs on 8-GPU nodes is 2 x 8), whose
+every member "runs" for the job's duration; it counts from its first member's start to its
+last member's finish, with all its members' GPUs.
 
 Times are measured, not simulated: a job's submission is its Job's creation time, its start and
 finish are its Binding's (the virtual agent writes the exact simulated finish), each converted
@@ -71,7 +77,8 @@ def _submit(
 ) -> None:
     made = []
     for name, j in jobs:
-        new = sim.simulated_job(name, j.duration, j.gpus, time_limit(j.duration, scale))
+        limit = time_limit(j.duration, scale)
+        new = sim.simulated_job(name, j.duration, j.gpus, limit, nodes=j.nodes)
         new.metadata.annotations[TRACE_ANNOTATION] = j.job_id
         made.append(new)
     with database.write() as session:
@@ -96,7 +103,9 @@ def _submit_on_time(rig: sim.Cluster, jobs: Sequence[trace.TraceJob], scale: flo
 
 
 def _records(database: db.Database, origin: datetime, scale: float) -> list[trace.Record]:
-    """Each replayed Job's submission, first start and last finish, in trace seconds."""
+    """Each replayed Job's submission, first start and last finish, in trace seconds. A
+    multi-node attempt is one Binding per node: it started when its first member did, ended
+    when its last member did, and held all its nodes' GPUs."""
 
     def at(moment: datetime | None) -> float:
         if moment is None:
@@ -111,15 +120,18 @@ def _records(database: db.Database, origin: datetime, scale: float) -> list[trac
             attempts.setdefault(b.spec.job_name, []).append(b)
     records = []
     for name, owner in owners.items():
-        tried = sorted(attempts.get(name, []), key=lambda b: b.spec.attempt)
+        tried = attempts.get(name, [])
         if owner.status.phase != "Succeeded" or not tried:
             raise BenchError(f"job {name} ended {owner.status.phase}: {owner.status.message}")
+        first = min(b.spec.attempt for b in tried)
+        last = max(b.spec.attempt for b in tried)
+        resources = owner.spec.resources
         records.append(
             trace.Record(
                 submit=at(owner.metadata.creation_timestamp),
-                start=at(tried[0].status.start_time),
-                finish=at(tried[-1].status.finish_time),
-                gpus=owner.spec.resources.gpu_count(),
+                start=min(at(b.status.start_time) for b in tried if b.spec.attempt == first),
+                finish=max(at(b.status.finish_time) for b in tried if b.spec.attempt == last),
+                gpus=resources.gpu_count() * resources.node_count(),
             )
         )
     return records
@@ -233,10 +245,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--oversize",
-        choices=("clip", "skip"),
+        choices=("clip", "skip", "span"),
         default="clip",
         help="jobs asking more GPUs than a node has: ask for a whole node (clip, the "
-        "default) or leave them out (skip)",
+        "default), leave them out (skip), or run on as many nodes as they need (span)",
     )
     parser.add_argument(
         "--queue-order",
@@ -260,12 +272,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def load(path: Path, limit: int, gpus_per_node: int, oversize: str) -> list[trace.TraceJob]:
+def load(
+    path: Path, limit: int, nodes: int, gpus_per_node: int, oversize: str
+) -> list[trace.TraceJob]:
     jobs = trace.read_trace(path, limit or None)
-    fitted, changed = trace.fit(jobs, gpus_per_node, oversize)
-    verb = "asked for a whole node instead" if oversize == "clip" else "were left out"
-    if changed:
-        progress(f"{changed} job(s) asked for more than {gpus_per_node} GPUs and {verb}")
+    fitted, oversized, left_out = trace.fit(jobs, gpus_per_node, oversize, nodes)
+    if oversize == "span" and oversized:
+        spanned = f"{oversized - left_out} run on several nodes at once"
+        if left_out:
+            spanned += f", {left_out} left out: they need more than {nodes} nodes"
+        progress(f"{oversized} job(s) asked for more than {gpus_per_node} GPUs: {spanned}")
+    elif oversized:
+        verb = "asked for a whole node instead" if oversize == "clip" else "were left out"
+        progress(f"{oversized} job(s) asked for more than {gpus_per_node} GPUs and {verb}")
     if not fitted:
         raise trace.TraceError(f"{path}: no job to replay")
     return fitted
@@ -275,7 +294,7 @@ def main(argv: Sequence[str]) -> int:
     """`python -m bench replay ...`; a bad trace or flag is one line and exit status 2."""
     args = parse_args(argv)
     try:
-        jobs = load(args.trace, args.limit, args.gpus_per_node, args.oversize)
+        jobs = load(args.trace, args.limit, args.nodes, args.gpus_per_node, args.oversize)
     except trace.TraceError as exc:
         print(f"bench replay: {exc}", file=sys.stderr)
         return 2
@@ -315,7 +334,7 @@ def bench_replay(ctx: Context) -> list[Result]:
     """The suite's entry: the Philly slice's first 500 jobs, 8 x 8 GPUs, time scale 3600."""
     if not PHILLY.exists():
         raise BenchError(f"no trace at {PHILLY}")
-    jobs = load(PHILLY, SUITE_LIMIT, 8, "clip")
+    jobs = load(PHILLY, SUITE_LIMIT, 8, 8, "clip")
     with job_benchmarks.fresh_database(ctx, "replay") as url:
         metrics = replay(
             url, ctx.workdir / "replay", jobs, nodes=8, gpus_per_node=8, scale=SUITE_TIME_SCALE

@@ -47,15 +47,16 @@ class Cluster:
 
 
 def simulated_job(
-    name: str, seconds: float, gpus: float = 1, time_limit: int | None = None
+    name: str, seconds: float, gpus: float = 1, time_limit: int | None = None, nodes: int = 1
 ) -> job.Job:
     """A Job whose virtual attempt lasts `seconds` of simulated time; its command never runs.
-    `time_limit`: its activeDeadlineSeconds, in real seconds."""
+    `time_limit`: its activeDeadlineSeconds, in real seconds; `nodes` above 1: a multi-node Job
+    of `gpus` GPUs on each, whose every member lasts `seconds`."""
     return job.Job(
         metadata=meta.ObjectMeta(name=name, annotations={DURATION_ANNOTATION: f"{seconds:g}"}),
         spec=job.JobSpec(
             command="true",
-            resources=job.Resources(gpus=gpus),
+            resources=job.Resources(gpus=gpus, nodes=nodes if nodes > 1 else None),
             active_deadline_seconds=time_limit,
         ),
     )

@@ -111,19 +111,29 @@ def _row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
 
 
 def fit(
-    jobs: Sequence[TraceJob], gpus_per_node: int, oversize: str = "clip"
-) -> tuple[list[TraceJob], int]:
-    """Jobs asking more GPUs than one node has (gctl runs a job on one node): with "clip" they
-    ask for a whole node instead, with "skip" they are left out. Returns (jobs, how many)."""
-    fitted, changed = [], 0
+    jobs: Sequence[TraceJob], gpus_per_node: int, oversize: str = "clip", nodes: int | None = None
+) -> tuple[list[TraceJob], int, int]:
+    """Jobs asking more GPUs than one node has: with "clip" they ask for a whole node instead,
+    with "skip" they are left out, with "span" they become multi-node jobs of n =
+    ceil(G / gpus_per_node) nodes with ceil(G / n) GPUs on each (16 on 8-GPU nodes: 2 x 8; 12:
+    2 x 6), left out if n is more than the cluster's `nodes`. Returns (jobs, how many asked
+    for more than a node, how many of those were left out)."""
+    fitted, oversized, left_out = [], 0, 0
     for j in jobs:
         if j.gpus <= gpus_per_node:
             fitted.append(j)
             continue
-        changed += 1
+        oversized += 1
         if oversize == "clip":
             fitted.append(TraceJob(j.job_id, j.submit, j.duration, float(gpus_per_node)))
-    return fitted, changed
+            continue
+        spread = math.ceil(j.gpus / gpus_per_node)
+        if oversize == "span" and (nodes is None or spread <= nodes):
+            each = float(math.ceil(j.gpus / spread))  # whole GPUs, as a multi-node Job takes
+            fitted.append(TraceJob(j.job_id, j.submit, j.duration, each, spread))
+            continue
+        left_out += 1
+    return fitted, oversized, left_out
 
 
 def lower_bound(jobs: Sequence[TraceJob], total_gpus: int) -> float:

@@ -206,6 +206,21 @@ def test_bench_replay_prints_the_metrics_as_json(tmp_path: Path) -> None:
     assert "1 job(s) asked for more than 4 GPUs" in done.stderr
 
 
+def test_bench_replay_runs_a_job_larger_than_a_node_on_several_nodes(tmp_path: Path) -> None:
+    """--oversize span: job 5 (8 GPUs) is a Job on 2 nodes x 4 GPUs; it runs to the end and
+    its record holds all 8 GPUs for its 100 s."""
+    flags = ["--nodes", "2", "--gpus-per-node", "4", "--time-scale", "1000", "--json"]
+    done = run_replay(tmp_path, TINY_TRACE, *flags, "--oversize", "span")
+    assert done.returncode == 0, done.stderr
+    assert "1 job(s) asked for more than 4 GPUs: 1 run on several nodes at once" in done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["jobs"] == 5
+    # GPU-seconds: 200 + 600 + 100 + 1,600 + 8 x 100 = 3,300 (job 5 on one node's GPUs: 2,900).
+    used = figures["gpu_utilization"] * 8 * figures["makespan_s"]
+    assert used == pytest.approx(3300, abs=10)
+    assert figures["makespan_s"] >= figures["lower_bound_s"] == 550
+
+
 def test_bench_replay_names_a_missing_column(tmp_path: Path) -> None:
     done = run_replay(tmp_path, "job_id,submit_s,gpus\n1,0,1\n")
     assert done.returncode == 2

@@ -60,11 +60,30 @@ def test_a_missing_file_is_a_trace_error(tmp_path: Path) -> None:
 
 def test_jobs_larger_than_a_node_are_clipped_or_skipped(tmp_path: Path) -> None:
     jobs = trace.read_trace(write(tmp_path, TRACE))
-    clipped, count = trace.fit(jobs, 2, "clip")
-    assert count == 1
+    clipped, count, left_out = trace.fit(jobs, 2, "clip")
+    assert (count, left_out) == (1, 0)
     assert [j.gpus for j in clipped] == [1, 2, 2, 1, 1]
-    skipped, count = trace.fit(jobs, 2, "skip")
-    assert (count, [j.job_id for j in skipped]) == (1, ["a", "b", "d", "e"])
+    skipped, count, left_out = trace.fit(jobs, 2, "skip")
+    assert (count, left_out, [j.job_id for j in skipped]) == (1, 1, ["a", "b", "d", "e"])
+
+
+def test_jobs_larger_than_a_node_span_as_few_nodes_as_hold_them() -> None:
+    """n = ceil(G / per node) nodes, ceil(G / n) whole GPUs on each; more nodes than the
+    cluster has: left out, and counted."""
+    asks = {"small": 8, "16": 16, "12": 12, "20": 20, "fraction": 8.5, "24": 24, "64": 64}
+    jobs = [trace.TraceJob(name, 0, 10, gpus) for name, gpus in asks.items()]
+    spanned, count, left_out = trace.fit(jobs, 8, "span", nodes=3)
+    assert (count, left_out) == (6, 1)  # 64 GPUs would need 8 nodes; 24 fits on 3
+    shapes = {j.job_id: (j.nodes, j.gpus) for j in spanned}
+    assert shapes == {
+        "small": (1, 8),
+        "16": (2, 8),
+        "12": (2, 6),
+        "20": (3, 7),  # 21 GPUs: as even as whole GPUs go
+        "fraction": (2, 5),
+        "24": (3, 8),
+    }
+    assert [j.total_gpus for j in spanned] == [8, 16, 12, 21, 10, 24]
 
 
 def test_lower_bound_takes_the_larger_of_the_two_bounds(tmp_path: Path) -> None:
