@@ -10,7 +10,7 @@ fit indexes (`fitindex`). On that state, the first two steps of `placement`'s pa
 2. fit: why a GPU cannot take a request now (`_blocker`), and the GPUs with room now, scored
    by its pool's policy (`_fit`); `_place` puts the request there. A multi-node request takes
    `nodes` distinct nodes at once, each scored as for one node, or none (`_fit_gang`,
-   `_place_gang`).
+   `_place_gang`; one node's part in it, `_member_option`).
 """
 
 import heapq
@@ -351,20 +351,32 @@ class Capacity:
         `request.gpus` GPUs it can take now, the best by its pool's policy as for one node
         (then those with mutual peers, then by name), or None: all or none. From its shape's
         index, as `_indexed_fit`: a gang holds no place yet (it is never bound ahead)."""
-        wanted = int(request.gpus)
 
         def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
-            found = self._option(name, slots, request, pool, wanted)
-            if found is None:
-                return None
-            chosen, peers = _pick(found[1], wanted)
-            return (*found[0], not peers), chosen
+            return self._member_option(name, slots, request, pool)
 
         index = self.indexes.index(("gang", *self._shape(request, pool)), static.groups, option)
         best = self.indexes.firsts(index, request.nodes)
         if len(best) < request.nodes:
             return None
         return [snapshot.Fit(name, tuple(chosen)) for name, chosen in best]
+
+    def _member_option(
+        self,
+        name: str,
+        slots: list[snapshot.Slot],
+        request: snapshot.Request,
+        pool: snapshot.Pool,
+        removed: frozenset[snapshot.Allocation] | set[snapshot.Allocation] = frozenset(),
+    ) -> fitindex.Option | None:
+        """A multi-node request's member on this node (with `removed` attempts gone): how
+        good a place it is (`_option`, then mutual peers first) and the GPUs it takes."""
+        wanted = int(request.gpus)
+        found = self._option(name, slots, request, pool, wanted, removed=removed)
+        if found is None:
+            return None
+        chosen, peers = _pick(found[1], wanted)
+        return (*found[0], not peers), chosen
 
     def _fit_shared(
         self, request: snapshot.Request, pool: snapshot.Pool, static: snapshot.Static

@@ -23,13 +23,15 @@ in a `LongestFirst` pool, the longest time limit, then submission time, then nam
 
 A multi-node Job (`nodes` > 1, whole GPUs on each) is a gang: in step 2 it takes `nodes`
 distinct nodes at once, each the best left for it by its pool's policy (the GPUs on each
-chosen as for one node), or none, and nothing is held by a try that failed. It skips steps 3
-to 5: it neither preempts nor is bound ahead (its members end at different times, so being a
-GPU's "next job" means nothing for it; preempting on several nodes at once is left for later),
-nor holds the GPUs of attempts already stopping (step 3): as the first blocked Job of its pool
-it reserves them before others, since they free now. In step 6 it reserves the GPUs that free
-soonest on `nodes` distinct nodes and is estimated to start when the last of them frees. A
-running gang is a victim like any attempt: each member is one Allocation.
+chosen as for one node), or none, and nothing is held by a try that failed. Steps 3 and 4 it
+takes together, over all its nodes at once: each node offers its GPUs free now, else free once
+attempts already stopping there end, else (where its pool preempts) freed by stopping the
+fewest and lowest attempts there, as for one node (`preemption.member`); the `nodes` cheapest
+(then by name) are held for it and their victims stopped, if it waits for any of them. It is
+never bound ahead (step 5: its members end at different times, so being a GPU's "next job"
+means nothing for it). In step 6 it reserves the GPUs that free soonest on `nodes` distinct
+nodes and is estimated to start when the last of them frees. A running gang is a victim like
+any attempt: each member is one Allocation (stopping one stops the rest: `jobs`).
 
 A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its
 agent takes it: it stays where it is while it may (it starts now if its GPUs have freed, and
@@ -45,11 +47,12 @@ The planner's values (Snapshot, Request, Decision ...) live in `snapshot` and ar
 The planner is built in layers, each over the state it handles: the GPUs as the pass changes
 them, with steps 1 and 2, are `capacity`'s (its fit indexes `fitindex`'s); the attempts bound
 ahead, with step 5, are `ahead`'s; the queue, with steps 3, 4 and 6 and the order of the steps,
-is here. Step 4's choice of victims is `preemption`'s, and the checks and messages are
-`diagnosis`'s.
+is here. Step 4's choice of victims (and what each node offers a gang in steps 3 and 4) is
+`preemption`'s, and the checks and messages are `diagnosis`'s.
 """
 
 import bisect
+import functools
 import heapq
 from collections import Counter
 from collections.abc import Iterable
@@ -181,6 +184,9 @@ class _Planner(ahead.BindingAhead):
         # ("preempt", shape, priorities below) -> node -> what preempting there offers, as the
         # node's entry in the index of that key was last worked out
         self.preemptions: dict[tuple[object, ...], dict[str, preemption.NodeOption]] = {}
+        # ("gang-wait", shape, priorities below) -> node -> what it offers a multi-node
+        # request in steps 3 and 4, likewise
+        self.gang_offers: dict[tuple[object, ...], dict[str, preemption.Member]] = {}
         self.priorities = sorted({a.priority for a in world.allocations})  # of the attempts
         self.no_ahead: dict[tuple[object, ...], int] = {}  # shape -> version it found none at
         self.unknown_start: set[tuple[object, ...]] = set()
@@ -233,14 +239,7 @@ class _Planner(ahead.BindingAhead):
         self.positions[pool.name] += 1
         position = self.positions[pool.name]
         if waiting is not None:
-            return Decision(
-                request,
-                victims=waiting.victims,
-                reason=job.REASON_UNSCHEDULABLE,
-                message=waiting.message,
-                position=position,
-                held=waiting.held,
-            )
+            return _waits(request, waiting, position)
         message = self._why(request, pool, static, shape, position)  # 6. reserve
         start, held = self._estimate(request, pool, static, shape)
         return Decision(
@@ -255,16 +254,20 @@ class _Planner(ahead.BindingAhead):
     def _decide_gang(
         self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
     ) -> Decision:
-        """A multi-node request: all its nodes now (2. fit), else it waits, reserving as the
-        first blocked Job of its pool does (6.); it skips steps 3 to 5."""
+        """A multi-node request: all its nodes now (2. fit), else all of them once attempts
+        stopping, or stopped for it, end (3. and 4. together), else it waits, reserving as the
+        first blocked Job of its pool does (6.); it skips step 5."""
         self._release(request)  # never bound ahead: an attempt stored so gives its place up
         if shape not in self.no_fit:  # 2. fit
             found = self._fit_gang(request, pool, static)
             if found is not None:
                 return self._place_gang(request, found)
             self.no_fit.add(shape)
+        waiting = self._wait_or_preempt_gang(request, pool, static, shape)  # 3. and 4.
         self.positions[pool.name] += 1
         position = self.positions[pool.name]
+        if waiting is not None:
+            return _waits(request, waiting, position)
         message = self._why(request, pool, static, shape, position)  # 6. reserve
         start, held = self._estimate(request, pool, static, shape)
         return Decision(
@@ -382,6 +385,65 @@ class _Planner(ahead.BindingAhead):
 
         best = self.indexes.top(self.indexes.index(key, static.groups, option))
         return None if best is None else offers[best].choice
+
+    # -- 3. and 4. for a multi-node request ---------------------------------------------------
+
+    def _wait_or_preempt_gang(
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
+    ) -> snapshot.Waiting | None:
+        """Steps 3 and 4 over a multi-node request's nodes at once: its `nodes` cheapest
+        (`preemption.member`: free now, else once attempts already stopping end, else by
+        stopping the fewest and lowest there), if it waits for any of them; their GPUs are
+        held for it and their victims stopped. A shape that found too few nodes finds too few
+        for the rest of the pass: capacity only shrinks, and an attempt stopped since was of
+        lower priority than the Job that stopped it, so than the request that found too few
+        (the queue goes by priority first): the GPUs it frees were offered to that one."""
+        if shape in self.no_preemption:
+            return None
+        members = self._gang_members(request, pool, static, shape)
+        if members is None:
+            self.no_preemption.add(shape)
+            return None
+        chosen = preemption.GangChoice(tuple(members))
+        if not chosen.waits():  # all free now: step 2 would have placed it
+            return None
+        victims = chosen.victims
+        self.stopping.update(victims)
+        held = self._reserve(request, pool, [s for m in members for s in m.slots], None)
+        return snapshot.Waiting(chosen.message(), victims, held)
+
+    def _gang_members(
+        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
+    ) -> list[preemption.Member] | None:
+        """The `nodes` cheapest nodes for a multi-node request's steps 3 and 4 (then by name),
+        or None where fewer have anything to offer, from an index per shape and per set of
+        attempts of lower priority, as `_victims` keeps for one node (1,000 such requests
+        over 500 busy nodes would look at every GPU for each)."""
+        key = ("gang-wait", *shape, bisect.bisect_left(self.priorities, request.priority))
+        offers = self.gang_offers.setdefault(key, {})
+
+        def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
+            found = preemption.member(
+                name,
+                slots,
+                request,
+                pool,
+                fits=functools.partial(self._member_option, name, slots, request, pool),
+                stopping=self.stopping,
+                blocker=self._blocker,
+                now=self.now,
+            )
+            if found is None:
+                offers.pop(name, None)
+                return None
+            offers[name] = found[1]
+            return found[0], list(found[1].slots)
+
+        index = self.indexes.index(key, static.groups, option)
+        best = self.indexes.firsts(index, request.nodes)
+        if len(best) < request.nodes:
+            return None
+        return [offers[name] for name, _ in best]
 
     # -- 6. reserve, estimate and explain --------------------------------------------------------
 
@@ -505,6 +567,18 @@ class _Planner(ahead.BindingAhead):
             message=diagnosis.why_no_node(counts, len(self.nodes)),
             position=self.positions[pool.name],
         )
+
+
+def _waits(request: Request, waiting: snapshot.Waiting, position: int) -> Decision:
+    """A request that waits for GPUs held for it (steps 3 and 4)."""
+    return Decision(
+        request,
+        victims=waiting.victims,
+        reason=job.REASON_UNSCHEDULABLE,
+        message=waiting.message,
+        position=position,
+        held=waiting.held,
+    )
 
 
 def _soonest_nodes(

@@ -8,6 +8,7 @@ would, as every blocked Job looking for GPUs to reserve would, and as every Job 
 looking at every node would."""
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -353,6 +354,62 @@ def test_the_preemption_index_chooses_as_a_scan_of_every_node(
     shot: Snapshot, requests: list[Request], data: st.DataObject
 ) -> None:
     _decides_the_same_without("_victims", _every_node, shot, requests, data)
+
+
+def _every_node_for_a_gang(
+    self: placement._Planner, request: Request, pool: Pool, static: Static, _shape: object
+) -> list[preemption.Member] | None:
+    """`_gang_members` without its index: every node looked at for every multi-node Job that
+    fits on too few nodes now."""
+    options = []
+    for name, slots in static.groups:
+        found = preemption.member(
+            name,
+            slots,
+            request,
+            pool,
+            fits=functools.partial(self._member_option, name, slots, request, pool),
+            stopping=self.stopping,
+            blocker=self._blocker,
+            now=self.now,
+        )
+        if found is not None:
+            options.append((found[0], name, found[1]))
+    if len(options) < request.nodes:
+        return None
+    options.sort(key=lambda o: (o[0], o[1]))
+    return [member for _, _, member in options[: request.nodes]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_the_multi_node_preemption_index_chooses_as_a_scan_of_every_node(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    _decides_the_same_without("_gang_members", _every_node_for_a_gang, shot, requests, data)
+
+
+_WAIT_OR_PREEMPT_GANG = placement._Planner._wait_or_preempt_gang
+
+
+def _gang_looks_again(
+    self: placement._Planner,
+    request: Request,
+    pool: Pool,
+    static: Static,
+    shape: tuple[object, ...],
+) -> object:
+    """`_wait_or_preempt_gang` without its memory of shapes that found too few nodes."""
+    self.no_preemption.discard(shape)
+    return _WAIT_OR_PREEMPT_GANG(self, request, pool, static, shape)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(backfill=True), queues(), st.data())
+def test_a_multi_node_shape_that_found_too_few_nodes_to_wait_for_finds_no_more(
+    shot: Snapshot, requests: list[Request], data: st.DataObject
+) -> None:
+    _decides_the_same_without("_wait_or_preempt_gang", _gang_looks_again, shot, requests, data)
 
 
 def _after_pass(
