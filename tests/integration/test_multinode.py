@@ -304,3 +304,69 @@ def test_members_that_ended_before_the_controller_looked_are_told_started(
     _reconcile(database, "ddp")
     assert _job(database, "ddp").status.phase == "Succeeded"
     assert "Started: attempt 1 started on n1, n2" in _events(database, "ddp")
+
+
+def _schedule(database: db.Database) -> None:
+    store.transact(database, lambda w: scheduling.schedule(w, T0))
+
+
+def _said(database: db.Database, name: str) -> tuple[str, str]:
+    """The reason and message of a waiting Job's Scheduled=False condition."""
+    said = next(
+        c for c in _job(database, name).status.conditions if c.type == job.CONDITION_SCHEDULED
+    )
+    assert said.status == "False"
+    return said.reason, said.message
+
+
+def test_a_multi_node_job_preempts_on_two_nodes_and_is_bound_once_both_exited(
+    database: db.Database,
+) -> None:
+    with database.write() as session:
+        writer = store.Store(session)
+        for name in ("n1", "n2"):
+            put_ready_node(writer, name, 2, T0)
+        writer.create(make_job("low1").gpus(2).on("n1").build())
+        writer.create(make_job("low2").gpus(2).on("n2").build())
+    _schedule(database)
+    for name in ("low1-1", "low2-1"):
+        report_attempt(database, name, "Running", T0)
+    built = make_job("ddp").gpus(2).priority(10)
+    built.spec["resources"]["nodes"] = 2
+    with database.write() as session:
+        store.Store(session).create(built.build())
+    _schedule(database)
+    for name, node_name in (("low1", "n1"), ("low2", "n2")):
+        assert _member(database, f"{name}-1").spec.stop_reason == binding.STOP_PREEMPTED
+        assert (
+            f"Preempted: preempted by default/ddp (priority 10) to free GPUs [0,1] on {node_name}"
+            in _events(database, name)
+        )
+    preempting = "preempting 2 lower-priority job(s) on n1, n2: default/low1, default/low2"
+    assert f"Preempting: {preempting}" in _events(database, "ddp")
+    assert _said(database, "ddp") == ("Unschedulable", preempting)
+
+    report_attempt(database, "low1-1", "Exited", T0, exit_code=143)
+    _reconcile(database, "low1", T0)
+    assert _job(database, "low1").status.phase == "Pending"  # requeued, n1 held for ddp
+    _schedule(database)
+    assert _said(database, "ddp")[1] == (
+        "waiting for 1 preempted job(s) to stop on n2 (GPUs held for this Job)"
+    )
+    assert [e for e in _events(database, "ddp") if e.startswith("Preempting")] == [
+        f"Preempting: {preempting}"
+    ]
+    assert _job(database, "low1").status.phase == "Pending"
+
+    report_attempt(database, "low2-1", "Exited", T0, exit_code=143)
+    _reconcile(database, "low2", T0)
+    _schedule(database)
+    bound = _job(database, "ddp")
+    assert (bound.status.phase, bound.status.nodes) == ("Scheduled", ["n1", "n2"])
+    assert (_member(database, "ddp-1").spec.node, _member(database, "ddp-1-r1").spec.node) == (
+        "n1",
+        "n2",
+    )
+    for name in ("low1", "low2"):
+        low = _job(database, name)
+        assert (low.status.preemptions, low.status.failed) == (1, 0)
