@@ -4,7 +4,8 @@
 Scheduled -> Running when the agent reports the process; Succeeded, Failed or back to Pending
 (with capped exponential back-off) when an attempt ends; stops attempts past their deadline,
 suspended or deleted; deletes finished Jobs whose TTL ran out. It returns when it wants to run
-again (a deadline or TTL coming due), never sleeps, and running it twice does no harm.
+again (a deadline or TTL coming due), never sleeps, and running it twice does no harm. What
+an ended attempt means for its Job (finished, failed, requeued) is written by `outcomes`.
 
 A multi-node Job's attempt is one Binding per node (its members): it runs once every member
 has started, and ends once every member has; a member that ends badly (fails, is lost, or is
@@ -15,25 +16,11 @@ decides the attempt's outcome as a single-node attempt's end would.
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import cycles, sweeps
+from controller import cycles, outcomes, sweeps
 from gctl.api import binding, job, meta, quantity, sweep
 from gctl.store import store
 
-SOURCE = "controller/jobs"
-BACKOFF_BASE = timedelta(seconds=10)
-BACKOFF_CAP = timedelta(minutes=6)
-_OUTCOMES = (job.CONDITION_COMPLETE, job.CONDITION_FAILED)
-# The one requeue that goes on with the same run: a retry after a failure, as Kubernetes'
-# activeDeadlineSeconds covers a Job's retries. Every other (suspended, preempted, evicted, a
-# lost attempt, a re-run) counts no failure and ends the run: its start time is cleared, and
-# the deadline counts again from the next start, as Kubernetes resets a resumed Job's startTime.
-_SAME_RUN = frozenset({job.REASON_BACKOFF})
-
-
-def backoff(failures: int, base: timedelta = BACKOFF_BASE) -> timedelta:
-    """10 s, 20 s, 40 s ... capped at 6 min, as Kubernetes backs off failed Jobs."""
-    wait: timedelta = min(BACKOFF_CAP, base * 2 ** max(0, failures - 1))
-    return wait
+SOURCE = outcomes.SOURCE
 
 
 def reconcile(
@@ -41,7 +28,7 @@ def reconcile(
     namespace: str,
     name: str,
     now: datetime,
-    backoff_base: timedelta = BACKOFF_BASE,
+    backoff_base: timedelta = outcomes.BACKOFF_BASE,
 ) -> datetime | None:
     j = writer.find(job.Job, name, namespace)
     if j is None:
@@ -54,7 +41,7 @@ def reconcile_many(
     writer: store.Store,
     keys: list[tuple[str, str]],
     now: datetime,
-    backoff_base: timedelta = BACKOFF_BASE,
+    backoff_base: timedelta = outcomes.BACKOFF_BASE,
 ) -> dict[tuple[str, str], datetime]:
     """`reconcile` for many Jobs (namespace, name) in one transaction, with their Jobs,
     Bindings and latest events each read in one query for all; returns when each wants to run
@@ -107,9 +94,9 @@ def _reconcile(
     latest = attempts[-1] if attempts else None
     if j.status.phase in ("Scheduled", "Running"):
         if latest is not None and latest.spec.attempt == j.status.attempts:
-            _account(writer, j, latest, now, backoff_base)
+            outcomes.account(writer, j, latest, now, backoff_base)
         else:  # its Binding was deleted by hand: the attempt is gone
-            _requeue(
+            outcomes.requeue(
                 writer,
                 j,
                 job.REASON_ATTEMPT_LOST,
@@ -193,7 +180,7 @@ def _follow_active(
         if binding.queued(active.spec, active.status):
             _withdraw(writer, j, active)
             message = f"attempt {active.spec.attempt}, bound ahead, withdrawn: suspended"
-            _requeue(writer, j, "Suspended", message, now)
+            outcomes.requeue(writer, j, "Suspended", message, now)
         elif binding.armed(active.status):
             ask_back(writer, active)  # then withdrawn, as above: it never started
         else:
@@ -208,7 +195,7 @@ def _follow_active(
         j.status.phase = "Running"
         j.status.start_time = j.status.start_time or active.status.start_time or now
         j = writer.update_status(j)
-        _record_started(writer, j, active)
+        outcomes.record_started(writer, j, active)
     deadline = j.spec.active_deadline_seconds
     if deadline is None or j.status.start_time is None:
         return None
@@ -222,139 +209,6 @@ def _follow_active(
         _stop(writer, active, binding.STOP_DEADLINE)
         return None
     return due
-
-
-def _record_started(
-    writer: store.Store,
-    j: job.Job,
-    attempt: binding.Binding,
-    members: list[binding.Binding] | None = None,
-) -> None:
-    where = ", ".join(
-        f"{b.spec.node}" + (f" (pid {b.status.pid})" if b.status.pid is not None else "")
-        for b in members or [attempt]
-    )
-    writer.record_event(
-        j, "Started", f"attempt {attempt.spec.attempt} started on {where}", source=SOURCE
-    )
-
-
-def _lost(attempt: binding.Binding) -> tuple[str, str]:
-    """The reason and message of a Job whose attempt was lost or fenced, saying only what the
-    attempt's status knows: its node was lost, or the attempt alone (the node is fine), or its
-    fence stopped it. Neither says where the retry runs: the scheduler decides, and it may be
-    the same node."""
-    number, where = attempt.spec.attempt, attempt.spec.node
-    if attempt.status.reason == binding.REASON_FENCED:
-        return job.REASON_ATTEMPT_FENCED, (
-            f"attempt {number} on {where} was stopped by its fence: the node's agent was "
-            "silent for longer than --fence-after; retrying"
-        )
-    if attempt.status.reason == binding.REASON_NODE_LOST:
-        lost, detail = f"attempt {number} was lost with node {where}", attempt.status.message
-    else:  # its agent found it gone
-        lost = f"attempt {number} on {where} was lost"
-        detail = attempt.status.message or "it ended without an exit record"
-    message = f"{lost}: {detail}; retrying" if detail else f"{lost}; retrying"
-    return job.REASON_ATTEMPT_LOST, message
-
-
-def _account(
-    writer: store.Store,
-    j: job.Job,
-    latest: binding.Binding,
-    now: datetime,
-    base: timedelta,
-    *,
-    members: list[binding.Binding] | None = None,
-) -> None:
-    """The latest attempt ended (`members`: a multi-node attempt's, `latest` the one that
-    decides how): decide what that means for the Job, once."""
-    if j.status.phase != "Running" and latest.status.start_time is not None:
-        # It ran, and ended before the controller saw it running: Started is told now, before
-        # how it ended, so that `describe` shows every attempt that ran.
-        started = [m for m in members or [] if m.status.start_time is not None]
-        _record_started(writer, j, latest, started or None)
-    status = j.status
-    status.exit_code = latest.status.exit_code
-    # A Job bound ahead gets its start time from the first attempt of its run that started,
-    # even one that ended before the controller saw it run (activeDeadlineSeconds counts from
-    # it); a requeue that ends the run clears it again (`_SAME_RUN`).
-    status.start_time = status.start_time or latest.status.start_time
-    # What ended the attempt is what the agent observed: a stop asked for after the process
-    # had already exited on its own does not count (its status.reason says how it ended).
-    stop = latest.status.reason if latest.spec.stop_reason else None
-    fenced = latest.status.reason == binding.REASON_FENCED  # its agent went silent
-    if latest.status.phase == "Lost" or fenced:
-        _requeue(writer, j, *_lost(latest), now)
-    elif stop == binding.STOP_SUSPENDED:
-        _requeue(writer, j, "Suspended", f"attempt {latest.spec.attempt} stopped: suspended", now)
-    elif stop in job.REQUEUE_REASONS:
-        j.status.preemptions += 1
-        why = "preempted by a higher-priority Job" if stop == job.REASON_PREEMPTED else "evicted"
-        _requeue(
-            writer,
-            j,
-            stop,
-            f"attempt {latest.spec.attempt} on {latest.spec.node} was {why}; requeued "
-            "without counting against backoffLimit",
-            now,
-        )
-    elif stop == binding.STOP_RERUN:  # stopped for a re-run whose request has since gone
-        _start_over(j, now)
-        message = f"attempt {latest.spec.attempt} was stopped to run the Job again; requeued"
-        _requeue(writer, j, job.REASON_RERUN, message, now)
-    elif stop == binding.STOP_DEADLINE:
-        _finish(
-            writer,
-            j,
-            "Failed",
-            job.REASON_DEADLINE,
-            f"stopped after activeDeadlineSeconds={j.spec.active_deadline_seconds}",
-            now=now,
-        )
-    elif binding.succeeded(latest.status):
-        # With a success file the agent's message says what decided: it names the file.
-        how = latest.status.message if latest.status.success_file else None
-        message = f"attempt {latest.spec.attempt} " + (
-            f"succeeded: {how}" if how else f"exited with code {latest.status.exit_code}"
-        )
-        _finish(writer, j, "Succeeded", job.REASON_COMPLETED, message, now=now)
-    else:
-        _fail_attempt(writer, j, latest, now, base)
-
-
-def _fail_attempt(
-    writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
-) -> None:
-    status = j.status
-    status.failed += 1
-    how = latest.status.message or f"exit code {latest.status.exit_code}"
-    if latest.status.signal:
-        how += f" ({latest.status.signal})"
-    if status.failed > j.spec.backoff_limit:
-        missing = latest.status.reason == job.REASON_SUCCESS_FILE_MISSING
-        _finish(
-            writer,
-            j,
-            "Failed",
-            job.REASON_SUCCESS_FILE_MISSING if missing else job.REASON_BACKOFF_LIMIT,
-            f"attempt {latest.spec.attempt} failed: {how}; backoffLimit "
-            f"{j.spec.backoff_limit} reached",
-            now=now,
-        )
-        return
-    wait = backoff(status.failed, base)
-    status.retry_after = now + wait
-    _requeue(
-        writer,
-        j,
-        job.REASON_BACKOFF,
-        f"attempt {latest.spec.attempt} failed: {how}; retry {status.failed} of "
-        f"{j.spec.backoff_limit} in {int(wait.total_seconds())}s",
-        now,
-        warning=True,
-    )
 
 
 def _rerun(
@@ -383,89 +237,14 @@ def _rerun(
         # and the wait are forgotten, in the write that records the token.
         backing_off = j.status.failed > 0 or j.status.retry_after is not None
         if backing_off:
-            _start_over(j, now)
+            outcomes.start_over(j, now)
         j = writer.update_status(j)
         how = "its back-off is reset" if backing_off else "the Job is still pending"
         writer.record_event(j, job.REASON_RERUN, f"{why}: {how}", source=SOURCE)
         return
-    _start_over(j, now)
+    outcomes.start_over(j, now)
     message = f"{why}: runs again as attempt {j.status.attempts + 1}"
-    _requeue(writer, j, job.REASON_RERUN, message, now)
-
-
-def _start_over(j: job.Job, now: datetime) -> None:
-    """Forget how the last run ended, so the next attempt is a fresh run: a new deadline, a
-    new backoffLimit, Complete and Failed false again (so `gctl wait` waits for this run).
-    `attempts` stays, so attempt numbers (and their logs) go on."""
-    status = j.status
-    status.completion_time = status.exit_code = status.retry_after = status.start_time = None
-    status.failed = 0
-    ended = [c.type for c in status.conditions if c.type in _OUTCOMES and c.status == "True"]
-    for type_ in ended:
-        meta.set_condition(
-            status.conditions,
-            type_,
-            "False",
-            job.REASON_RERUN,
-            "the Job runs again",
-            generation=j.metadata.generation,
-            now=now,
-        )
-
-
-def _requeue(
-    writer: store.Store,
-    j: job.Job,
-    reason: str,
-    message: str,
-    now: datetime,
-    *,
-    warning: bool = False,
-) -> None:
-    """Back to the queue, saying why; a run that ends here (`_SAME_RUN`) forgets its start."""
-    j.status.phase = "Pending"
-    j.status.reason = reason
-    j.status.message = message
-    j.status.node = None
-    j.status.gpus = None
-    j.status.nodes = None
-    if reason not in _SAME_RUN:
-        j.status.start_time = None
-    meta.set_condition(
-        j.status.conditions,
-        job.CONDITION_SCHEDULED,
-        "False",
-        reason,
-        message,
-        generation=j.metadata.generation,
-        now=now,
-    )
-    j = writer.update_status(j)
-    writer.record_event(j, reason, message, type_="Warning" if warning else "Normal", source=SOURCE)
-
-
-def _finish(
-    writer: store.Store, j: job.Job, phase: str, reason: str, message: str, *, now: datetime
-) -> None:
-    status = j.status
-    status.phase = "Succeeded" if phase == "Succeeded" else "Failed"
-    status.reason = reason
-    status.message = message
-    status.completion_time = now
-    condition = job.CONDITION_COMPLETE if phase == "Succeeded" else job.CONDITION_FAILED
-    meta.set_condition(
-        status.conditions,
-        condition,
-        "True",
-        reason,
-        message,
-        generation=j.metadata.generation,
-        now=now,
-    )
-    j = writer.update_status(j)
-    writer.record_event(
-        j, reason, message, type_="Normal" if phase == "Succeeded" else "Warning", source=SOURCE
-    )
+    outcomes.requeue(writer, j, job.REASON_RERUN, message, now)
 
 
 def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
@@ -503,10 +282,10 @@ def _check_pending(
     # (a failed one still counts as on it), whichever the controller looked at first.
     if decided.state != "ready" and (loop := finder.cycle(j)) is not None:
         why = f"dependsOn makes a cycle: {loop}"
-        _finish(writer, j, "Failed", job.REASON_DEPENDENCY_CYCLE, why, now=now)
+        outcomes.finish(writer, j, "Failed", job.REASON_DEPENDENCY_CYCLE, why, now=now)
         return None
     if decided.state == "failed":
-        _finish(writer, j, "Failed", job.REASON_DEPENDENCY_FAILED, decided.message, now=now)
+        outcomes.finish(writer, j, "Failed", job.REASON_DEPENDENCY_FAILED, decided.message, now=now)
         return None
     reason, message = j.status.reason, j.status.message
     if decided.state == "waiting":
@@ -566,11 +345,11 @@ def _reconcile_members(
         return _follow_members(writer, j, members, active, now)
     if j.status.phase in ("Scheduled", "Running"):
         if members[0].spec.attempt == j.status.attempts and _complete(members):
-            _account(writer, j, _deciding(members), now, backoff_base, members=members)
+            outcomes.account(writer, j, _deciding(members), now, backoff_base, members=members)
         else:  # Bindings deleted by hand: the attempt is gone
             number = j.status.attempts
             message = f"attempt {number} (or a member of it) disappeared; retrying"
-            _requeue(writer, j, job.REASON_ATTEMPT_LOST, message, now)
+            outcomes.requeue(writer, j, job.REASON_ATTEMPT_LOST, message, now)
         return None
     if j.status.phase in job.FINISHED_PHASES:
         return _expire(writer, j, now)
@@ -600,7 +379,7 @@ def _follow_members(
         j.status.phase = "Running"
         j.status.start_time = j.status.start_time or min(t for t in starts if t) or now
         j = writer.update_status(j)
-        _record_started(writer, j, members[0], members)
+        outcomes.record_started(writer, j, members[0], members)
     deadline = j.spec.active_deadline_seconds
     if deadline is None or j.status.start_time is None:
         return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import jobs, nodes, reading, scheduling, sweeps
+from controller import jobs, nodes, outcomes, reading, scheduling, sweeps
 from gctl.api import binding, errors, failures, job, meta, node, sweep
 from gctl.store import db, events, feed, store
 
@@ -66,7 +66,7 @@ class Controller:
         database: db.Database,
         *,
         node_timeout: timedelta = timedelta(seconds=40),
-        backoff_base: timedelta = jobs.BACKOFF_BASE,
+        backoff_base: timedelta = outcomes.BACKOFF_BASE,
         clock: Callable[[], datetime] = meta.utcnow,
     ) -> None:
         self.db = database

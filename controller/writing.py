@@ -370,7 +370,7 @@ def _bound(
     status.exit_code = None
     # activeDeadlineSeconds counts from the start of the Job's run (time in the queue does not
     # count): its first start, kept by a retry after a failure, cleared by a requeue that
-    # counts none (suspend, preemption, eviction, a lost attempt: controller.jobs), so the
+    # counts none (suspend, preemption, eviction, a lost attempt: controller.outcomes), so the
     # next bind starts a run again. A Job bound ahead starts when its agent starts it.
     if not after:
         status.start_time = status.start_time or now

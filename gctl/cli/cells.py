@@ -76,7 +76,7 @@ def _job_duration(w: Wire, now: datetime) -> str:
     """How long the Job's run has lasted, as kubectl's DURATION and squeue's TIME say it: from
     its first attempt's start to its completion, or to now while it runs or waits to retry (its
     run goes on); none before it started, nor once a preemption, an eviction, a suspend, a lost
-    attempt or a rerun has requeued it, which end the run (controller.jobs._SAME_RUN)."""
+    attempt or a rerun has requeued it, which end the run (controller.outcomes._SAME_RUN)."""
     status = w["status"]
     start = parse_time(status.get("startTime"))
     if start is None:

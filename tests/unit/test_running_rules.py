@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import jobs
+from controller import outcomes
 from gctl.api import binding, errors
 from nodeagent import launches, runtime, supervisor
 from tests.builders import make_binding, make_job
@@ -16,11 +16,11 @@ from tests.builders import make_binding, make_job
     ("failures", "seconds"), [(1, 10), (2, 20), (3, 40), (6, 320), (7, 360), (40, 360)]
 )
 def test_backoff_doubles_and_is_capped(failures: int, seconds: int) -> None:
-    assert jobs.backoff(failures) == timedelta(seconds=seconds)
+    assert outcomes.backoff(failures) == timedelta(seconds=seconds)
 
 
 def test_backoff_base_is_configurable() -> None:
-    assert jobs.backoff(3, timedelta(seconds=1)) == timedelta(seconds=4)
+    assert outcomes.backoff(3, timedelta(seconds=1)) == timedelta(seconds=4)
 
 
 @pytest.mark.parametrize(
