@@ -6,12 +6,13 @@ Where its pool allows it, a Job that needs whole GPUs is bound to the busy whole
 soonest, queued behind the jobs on them (one job ahead per GPU): its own place first, then places
 nobody holds, then those of Jobs later in the queue, taken from the last such Job, so that one
 Job waits again rather than every Job bound ahead moving one place along. A multi-node Job is
-never bound ahead (`placement`); a Job may be bound ahead behind one member of it.
+never bound ahead (`gangs`); a Job may be bound ahead behind one member of it.
 
 A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its agent
 takes it: it starts now if its GPUs have freed and still suit it (`_own_free`), stays where it
 is while it may, or gives its place up (`_release`). `BindingAhead` adds those attempts, in
-queue order, to the GPUs' state (`capacity`); `placement`'s planner is built on it.
+queue order, to the GPUs' state (`capacity`); the multi-node layer (`gangs`), and `placement`'s
+planner over that, are built on it.
 """
 
 from collections.abc import Iterable

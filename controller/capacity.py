@@ -8,9 +8,13 @@ fit indexes (`fitindex`). On that state, the first two steps of `placement`'s pa
 
 1. filter: the GPUs that could ever take a request shape (`_static`, with `diagnosis`'s checks);
 2. fit: why a GPU cannot take a request now (`_blocker`), and the GPUs with room now, scored
-   by its pool's policy (`_fit`); `_place` puts the request there. A multi-node request takes
-   `nodes` distinct nodes at once, each scored as for one node, or none (`_fit_gang`,
-   `_place_gang`; one node's part in it, `_member_option`).
+   by its pool's policy (`_fit`); `_place` puts the request there. A multi-node request's part
+   on one node is scored as for one node, then mutual peers first (`_member_option`); `gangs`
+   takes `nodes` such nodes at once.
+
+The later steps hold GPUs for a Job that waits (`_reserve`), and skip a request shape that
+failed them earlier in the pass (`no_fit`, `no_wait`, `no_preemption`): capacity only shrinks
+while a pass runs.
 """
 
 import heapq
@@ -57,6 +61,7 @@ class Capacity:
         self.node_jobs: Counter[str] = Counter()
         self.partial: dict[tuple[str, int], snapshot.Slot] = {}  # shared GPUs with room left
         self.stopping: set[snapshot.Allocation] = set()
+        self.priorities = sorted({a.priority for a in world.allocations})  # of the attempts
         # attempt bound ahead -> GPUs
         self.places: dict[snapshot.Allocation, list[snapshot.Slot]] = {}
         self.version = 0  # moves with every change of capacity or of a GPU's next job
@@ -68,6 +73,9 @@ class Capacity:
         self._hold(world.allocations)
         # What this pass learnt about request shapes: capacity only shrinks while it runs.
         self.statics: dict[tuple[object, ...], snapshot.Static] = {}
+        self.no_fit: set[tuple[object, ...]] = set()
+        self.no_wait: set[tuple[object, ...]] = set()
+        self.no_preemption: set[tuple[object, ...]] = set()
 
     def _hold(self, allocations: Iterable[snapshot.Allocation]) -> None:
         by_key = {snapshot.at(s): s for s in self.slots}
@@ -143,22 +151,24 @@ class Capacity:
             request, placement=snapshot.Placement(request, found.node, indices, share)
         )
 
-    def _place_gang(
-        self, request: snapshot.Request, members: list[snapshot.Fit]
-    ) -> snapshot.Decision:
-        """A multi-node request on every member's GPUs at once: rank 0 first."""
-        ends = None if request.runtime is None else plus(self.now, request.runtime)
-        ranks = []
-        for member in members:
-            for slot in member.slots:
-                self._occupy(slot, 1.0, request.gpu_memory, ends)
-                slot.placed.append(request)
-            ranks.append((member.node, tuple(s.gpu.index for s in member.slots)))
-        (node, gpus), *others = ranks
-        return snapshot.Decision(
-            request,
-            placement=snapshot.Placement(request, node, gpus, 1.0, members=tuple(others)),
-        )
+    def _reserve(
+        self,
+        request: snapshot.Request,
+        pool: snapshot.Pool,
+        slots: Iterable[snapshot.Slot],
+        start: datetime | None,
+    ) -> tuple[tuple[str, int], ...]:
+        """Hold the GPUs for a Job that waits (steps 3, 4 and 6): no Job after it takes them,
+        unless it backfills (`_backfills`). Returns them as (node, index)."""
+        held = snapshot.Reservation(request, pool, start)
+        keys = []
+        for slot in slots:
+            slot.reserved = held
+            self.indexes.touch(slot.gpu.node)
+            keys.append(snapshot.at(slot))
+        self.version += 1
+        self.blocking += 1
+        return tuple(keys)
 
     # -- 1. filter ---------------------------------------------------------------------------
 
@@ -343,23 +353,6 @@ class Capacity:
         for entry in popped:  # still as good as they were: the caller may not place it
             heapq.heappush(index.heap, entry)
         return found
-
-    def _fit_gang(
-        self, request: snapshot.Request, pool: snapshot.Pool, static: snapshot.Static
-    ) -> list[snapshot.Fit] | None:
-        """A multi-node request's members: `request.nodes` distinct nodes, each with
-        `request.gpus` GPUs it can take now, the best by its pool's policy as for one node
-        (then those with mutual peers, then by name), or None: all or none. From its shape's
-        index, as `_indexed_fit`: a gang holds no place yet (it is never bound ahead)."""
-
-        def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
-            return self._member_option(name, slots, request, pool)
-
-        index = self.indexes.index(("gang", *self._shape(request, pool)), static.groups, option)
-        best = self.indexes.firsts(index, request.nodes)
-        if len(best) < request.nodes:
-            return None
-        return [snapshot.Fit(name, tuple(chosen)) for name, chosen in best]
 
     def _member_option(
         self,

@@ -21,17 +21,10 @@ in a `LongestFirst` pool, the longest time limit, then submission time, then nam
    soonest (then: the most already free); later Jobs may not use them, unless the pool
    backfills and their deadline ends before the reservation's estimated start.
 
-A multi-node Job (`nodes` > 1, whole GPUs on each) is a gang: in step 2 it takes `nodes`
-distinct nodes at once, each the best left for it by its pool's policy (the GPUs on each
-chosen as for one node), or none, and nothing is held by a try that failed. Steps 3 and 4 it
-takes together, over all its nodes at once: each node offers its GPUs free now, else free once
-attempts already stopping there end, else (where its pool preempts) freed by stopping the
-fewest and lowest attempts there, as for one node (`preemption.member`); the `nodes` cheapest
-(then by name) are held for it and their victims stopped, if it waits for any of them. It is
-never bound ahead (step 5: its members end at different times, so being a GPU's "next job"
-means nothing for it). In step 6 it reserves the GPUs that free soonest on `nodes` distinct
-nodes and is estimated to start when the last of them frees. A running gang is a victim like
-any attempt: each member is one Allocation (stopping one stops the rest: `jobs`).
+A multi-node Job (`nodes` > 1, whole GPUs on each) is a gang: it takes `nodes` distinct
+nodes at once or none, in step 2 and in steps 3 and 4 taken together; it is never bound ahead
+(step 5); in step 6 it reserves on `nodes` nodes and starts when the last of them frees
+(`gangs` says how).
 
 A Job bound ahead in an earlier pass is decided again, in its place in the queue, until its
 agent takes it: it stays where it is while it may (it starts now if its GPUs have freed, and
@@ -46,19 +39,19 @@ step fails it for every later request of that shape: the pass stays fast with 10
 The planner's values (Snapshot, Request, Decision ...) live in `snapshot` and are offered here.
 The planner is built in layers, each over the state it handles: the GPUs as the pass changes
 them, with steps 1 and 2, are `capacity`'s (its fit indexes `fitindex`'s); the attempts bound
-ahead, with step 5, are `ahead`'s; the queue, with steps 3, 4 and 6 and the order of the steps,
-is here. Step 4's choice of victims (and what each node offers a gang in steps 3 and 4) is
-`preemption`'s, and the checks and messages are `diagnosis`'s.
+ahead, with step 5, are `ahead`'s; a multi-node Job's steps are `gangs`'s; the queue, with
+steps 3, 4 and 6 and the order of the steps, is here. Step 4's choice of victims (and what
+each node offers a gang in steps 3 and 4) is `preemption`'s, and the checks and messages are
+`diagnosis`'s.
 """
 
 import bisect
-import functools
 import heapq
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from controller import ahead, capacity, diagnosis, fitindex, preemption, snapshot
+from controller import capacity, diagnosis, fitindex, gangs, preemption, snapshot
 from gctl.api import binding, job
 
 # The values of `snapshot`, under the names callers use (`placement.Request` ...).
@@ -170,24 +163,17 @@ def changes(decision: Decision) -> bool:
     )
 
 
-class _Planner(ahead.BindingAhead):
+class _Planner(gangs.GangPlanning):
     """One pass: each request decided in queue order, over the GPUs' state it changes."""
 
     def __init__(self, world: Snapshot, now: datetime, movable: Iterable[Allocation] = ()) -> None:
         super().__init__(world, now, movable)
         self.pools = dict(world.pools)  # the default pool is added when first asked for
         self.invalid_pools = world.invalid_pools
-        # More of what this pass learnt about request shapes (`capacity` keeps the first).
-        self.no_fit: set[tuple[object, ...]] = set()
-        self.no_wait: set[tuple[object, ...]] = set()
-        self.no_preemption: set[tuple[object, ...]] = set()
         # ("preempt", shape, priorities below) -> node -> what preempting there offers, as the
         # node's entry in the index of that key was last worked out
         self.preemptions: dict[tuple[object, ...], dict[str, preemption.NodeOption]] = {}
-        # ("gang-wait", shape, priorities below) -> node -> what it offers a multi-node
-        # request in steps 3 and 4, likewise
-        self.gang_offers: dict[tuple[object, ...], dict[str, preemption.Member]] = {}
-        self.priorities = sorted({a.priority for a in world.allocations})  # of the attempts
+        # More of what this pass learnt about request shapes (`capacity` keeps steps 1 to 4's).
         self.no_ahead: dict[tuple[object, ...], int] = {}  # shape -> version it found none at
         self.unknown_start: set[tuple[object, ...]] = set()
         # shape -> version at which its pool's first blocked Job found no GPUs to reserve
@@ -236,27 +222,14 @@ class _Planner(ahead.BindingAhead):
                 return bound
             self.no_ahead[shape] = self.version
         self._release(request)
-        self.positions[pool.name] += 1
-        position = self.positions[pool.name]
-        if waiting is not None:
-            return _waits(request, waiting, position)
-        message = self._why(request, pool, static, shape, position)  # 6. reserve
-        start, held = self._estimate(request, pool, static, shape)
-        return Decision(
-            request,
-            reason=job.REASON_UNSCHEDULABLE,
-            message=message,
-            position=position,
-            estimated_start=start,
-            held=held,
-        )
+        return self._waits(request, pool, static, shape, waiting)
 
     def _decide_gang(
         self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
     ) -> Decision:
-        """A multi-node request: all its nodes now (2. fit), else all of them once attempts
-        stopping, or stopped for it, end (3. and 4. together), else it waits, reserving as the
-        first blocked Job of its pool does (6.); it skips step 5."""
+        """A multi-node request (`gangs`): all its nodes now (2. fit), else all of them once
+        attempts stopping, or stopped for it, end (3. and 4. together), else it waits,
+        reserving as the first blocked Job of its pool does (6.); it skips step 5."""
         self._release(request)  # never bound ahead: an attempt stored so gives its place up
         if shape not in self.no_fit:  # 2. fit
             found = self._fit_gang(request, pool, static)
@@ -264,10 +237,29 @@ class _Planner(ahead.BindingAhead):
                 return self._place_gang(request, found)
             self.no_fit.add(shape)
         waiting = self._wait_or_preempt_gang(request, pool, static, shape)  # 3. and 4.
+        return self._waits(request, pool, static, shape, waiting)
+
+    def _waits(
+        self,
+        request: Request,
+        pool: Pool,
+        static: snapshot.Static,
+        shape: tuple[object, ...],
+        waiting: snapshot.Waiting | None,
+    ) -> Decision:
+        """The request waits, at its place in its pool's queue: for the GPUs held for it
+        (`waiting`: steps 3 and 4), else as step 6 says, told why."""
         self.positions[pool.name] += 1
         position = self.positions[pool.name]
         if waiting is not None:
-            return _waits(request, waiting, position)
+            return Decision(
+                request,
+                victims=waiting.victims,
+                reason=job.REASON_UNSCHEDULABLE,
+                message=waiting.message,
+                position=position,
+                held=waiting.held,
+            )
         message = self._why(request, pool, static, shape, position)  # 6. reserve
         start, held = self._estimate(request, pool, static, shape)
         return Decision(
@@ -322,19 +314,6 @@ class _Planner(ahead.BindingAhead):
             held,
         )
 
-    def _reserve(
-        self, request: Request, pool: Pool, slots: Iterable[snapshot.Slot], start: datetime | None
-    ) -> tuple[tuple[str, int], ...]:
-        held = snapshot.Reservation(request, pool, start)
-        keys = []
-        for slot in slots:
-            slot.reserved = held
-            self.indexes.touch(slot.gpu.node)
-            keys.append(snapshot.at(slot))
-        self.version += 1
-        self.blocking += 1
-        return tuple(keys)
-
     # -- 4. preempt ----------------------------------------------------------------------------
 
     def _preempt(
@@ -385,65 +364,6 @@ class _Planner(ahead.BindingAhead):
 
         best = self.indexes.top(self.indexes.index(key, static.groups, option))
         return None if best is None else offers[best].choice
-
-    # -- 3. and 4. for a multi-node request ---------------------------------------------------
-
-    def _wait_or_preempt_gang(
-        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
-    ) -> snapshot.Waiting | None:
-        """Steps 3 and 4 over a multi-node request's nodes at once: its `nodes` cheapest
-        (`preemption.member`: free now, else once attempts already stopping end, else by
-        stopping the fewest and lowest there), if it waits for any of them; their GPUs are
-        held for it and their victims stopped. A shape that found too few nodes finds too few
-        for the rest of the pass: capacity only shrinks, and an attempt stopped since was of
-        lower priority than the Job that stopped it, so than the request that found too few
-        (the queue goes by priority first): the GPUs it frees were offered to that one."""
-        if shape in self.no_preemption:
-            return None
-        members = self._gang_members(request, pool, static, shape)
-        if members is None:
-            self.no_preemption.add(shape)
-            return None
-        chosen = preemption.GangChoice(tuple(members))
-        if not chosen.waits():  # all free now: step 2 would have placed it
-            return None
-        victims = chosen.victims
-        self.stopping.update(victims)
-        held = self._reserve(request, pool, [s for m in members for s in m.slots], None)
-        return snapshot.Waiting(chosen.message(), victims, held)
-
-    def _gang_members(
-        self, request: Request, pool: Pool, static: snapshot.Static, shape: tuple[object, ...]
-    ) -> list[preemption.Member] | None:
-        """The `nodes` cheapest nodes for a multi-node request's steps 3 and 4 (then by name),
-        or None where fewer have anything to offer, from an index per shape and per set of
-        attempts of lower priority, as `_victims` keeps for one node (1,000 such requests
-        over 500 busy nodes would look at every GPU for each)."""
-        key = ("gang-wait", *shape, bisect.bisect_left(self.priorities, request.priority))
-        offers = self.gang_offers.setdefault(key, {})
-
-        def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
-            found = preemption.member(
-                name,
-                slots,
-                request,
-                pool,
-                fits=functools.partial(self._member_option, name, slots, request, pool),
-                stopping=self.stopping,
-                blocker=self._blocker,
-                now=self.now,
-            )
-            if found is None:
-                offers.pop(name, None)
-                return None
-            offers[name] = found[1]
-            return found[0], list(found[1].slots)
-
-        index = self.indexes.index(key, static.groups, option)
-        best = self.indexes.firsts(index, request.nodes)
-        if len(best) < request.nodes:
-            return None
-        return [offers[name] for name, _ in best]
 
     # -- 6. reserve, estimate and explain --------------------------------------------------------
 
@@ -498,7 +418,7 @@ class _Planner(ahead.BindingAhead):
     ) -> tuple[datetime | None, list[snapshot.Slot]] | None:
         """The `wanted` GPUs of one node that free soonest on the simulated timeline, then
         those most already free (a multi-node request: on each of its nodes,
-        `_soonest_nodes`); a reservation takes no GPU another Job holds, nor one that
+        `gangs.soonest_nodes`); a reservation takes no GPU another Job holds, nor one that
         freed for the Job bound ahead to it (its agent is starting it there: reserving it would
         only send that Job, and every Job bound ahead behind it, to other places)."""
         options = []
@@ -523,7 +443,7 @@ class _Planner(ahead.BindingAhead):
         if not options:
             return None
         if request.nodes > 1:
-            return _soonest_nodes(options, request.nodes)
+            return gangs.soonest_nodes(options, request.nodes)
         (start, _, _), chosen = min(options, key=lambda o: o[0])
         return (None if start == capacity.NEVER else start), chosen
 
@@ -567,31 +487,6 @@ class _Planner(ahead.BindingAhead):
             message=diagnosis.why_no_node(counts, len(self.nodes)),
             position=self.positions[pool.name],
         )
-
-
-def _waits(request: Request, waiting: snapshot.Waiting, position: int) -> Decision:
-    """A request that waits for GPUs held for it (steps 3 and 4)."""
-    return Decision(
-        request,
-        victims=waiting.victims,
-        reason=job.REASON_UNSCHEDULABLE,
-        message=waiting.message,
-        position=position,
-        held=waiting.held,
-    )
-
-
-def _soonest_nodes(
-    options: list[tuple[tuple[datetime, int, str], list[snapshot.Slot]]], count: int
-) -> tuple[datetime | None, list[snapshot.Slot]] | None:
-    """A multi-node request's place on the timeline: the `count` nodes whose GPUs free soonest
-    (then the most already free, then by name); it starts when the last of them frees."""
-    if len(options) < count:
-        return None
-    chosen = heapq.nsmallest(count, options, key=lambda o: o[0])
-    start = max(key[0] for key, _ in chosen)
-    slots = [slot for _, member in chosen for slot in member]
-    return (None if start == capacity.NEVER else start), slots
 
 
 def _free_soonest(slot: snapshot.Slot) -> tuple[datetime, int, int]:

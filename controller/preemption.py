@@ -7,7 +7,7 @@ it reads the pass's slots and returns the choice; `placement` holds the GPUs and
 
 A multi-node Job takes steps 3 and 4 together, over its nodes at once (`member`): each node
 offers it its GPUs free now, else free once attempts already stopping end, else freed by
-stopping attempts there as for one node; `placement` takes the `nodes` cheapest
+stopping attempts there as for one node; `gangs` takes the `nodes` cheapest
 (`GangChoice`). Each member of a running multi-node Job may be a victim, as an attempt of its
 own (stopping one stops the rest: the Job lifecycle's).
 """
