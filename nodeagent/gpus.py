@@ -7,7 +7,9 @@ field a GPU does not support becomes None; a GPU that fails to answer is reporte
 others. A fake GPU "runs" any process whose environment says so: `GCTL_FAKE_GPU_MEMORY=20Gi`
 (and optionally `GCTL_FAKE_GPU_UTIL=90`) with the GPU's index in `CUDA_VISIBLE_DEVICES` or
 `GCTL_GPUS`, so that memory accounting, foreign processes and memory limits can be tried
-without NVIDIA hardware.
+without NVIDIA hardware. Several fake nodes on one host (an agent per node, to try multi-node
+Jobs) each see such a process, unless its `GCTL_NODE` names one: then only that node does (a
+job's is its own node's, which gctl sets).
 """
 
 import contextlib
@@ -44,9 +46,15 @@ class FakeGPUs:
     memory: int = quantity.parse_bytes(DEFAULT_FAKE_MEMORY)
     host: str = field(default_factory=socket.gethostname)
     kind: str = "fake"
+    # this node's name: a process whose GCTL_NODE names another node is not on its GPUs
+    node_name: str | None = None
 
     def discover(self) -> list[node.GPUInfo]:
-        users = _fake_gpu_users()
+        users = [
+            (pid, name, indices, memory, util)
+            for pid, name, indices, memory, util, where in _fake_gpu_users()
+            if where is None or self.node_name is None or where == self.node_name
+        ]
         gpus = []
         for i in range(self.count):
             processes = [
@@ -152,8 +160,9 @@ class NVMLGPUs:
             self._nvml.nvmlShutdown()
 
 
-def _fake_gpu_users() -> list[tuple[int, str, set[int], int, int]]:
-    """(pid, name, GPU indices, memory, utilization) of processes that declare fake GPU use."""
+def _fake_gpu_users() -> list[tuple[int, str, set[int], int, int, str | None]]:
+    """(pid, name, GPU indices, memory, utilization, the node its GCTL_NODE names) of processes
+    that declare fake GPU use."""
     found = []
     try:
         pids = [int(entry) for entry in os.listdir(PROC) if entry.isdigit()]
@@ -178,7 +187,7 @@ def _fake_gpu_users() -> list[tuple[int, str, set[int], int, int]]:
         except (ValueError, KeyError):
             continue
         name = _name_of(pid) or ""
-        found.append((pid, name, indices, memory, util))
+        found.append((pid, name, indices, memory, util, env.get("GCTL_NODE") or None))
     return found
 
 
@@ -196,26 +205,33 @@ def _name_of(pid: int) -> str | None:
 
 
 def detect(
-    fake: int | None, model: str = DEFAULT_FAKE_MODEL, memory: str = DEFAULT_FAKE_MEMORY
+    fake: int | None,
+    model: str = DEFAULT_FAKE_MODEL,
+    memory: str = DEFAULT_FAKE_MEMORY,
+    node_name: str | None = None,
 ) -> tuple[Backend, str]:
-    """The backend to use and a line saying which: NVML when it answers, else fake GPUs."""
+    """The backend to use and a line saying which: NVML when it answers, else fake GPUs (of
+    the node `node_name`)."""
     memory_bytes = quantity.parse_bytes(memory)
     if fake is not None:
-        return FakeGPUs(fake, model, memory_bytes), f"using {fake} fake GPU(s) ({model}, {memory})"
+        return (
+            FakeGPUs(fake, model, memory_bytes, node_name=node_name),
+            f"using {fake} fake GPU(s) ({model}, {memory})",
+        )
     try:
         backend = NVMLGPUs()
         count = len(backend.discover())
     except Exception as exc:
         reason = str(exc) or type(exc).__name__
         return (
-            FakeGPUs(DEFAULT_FAKE_GPUS, model, memory_bytes),
+            FakeGPUs(DEFAULT_FAKE_GPUS, model, memory_bytes, node_name=node_name),
             f"NVML not available ({reason}): using {DEFAULT_FAKE_GPUS} fake GPUs ({model}, "
             f"{memory}); pass --fake-gpus N to choose how many",
         )
     if count == 0:
         backend.close()
         return (
-            FakeGPUs(DEFAULT_FAKE_GPUS, model, memory_bytes),
+            FakeGPUs(DEFAULT_FAKE_GPUS, model, memory_bytes, node_name=node_name),
             f"NVML found no GPUs: using {DEFAULT_FAKE_GPUS} fake GPUs",
         )
     return backend, f"NVML: {count} GPU(s)"

@@ -112,7 +112,9 @@ def _agent_runner(
         names.check_dns_subdomain(node_name)
     except ValueError as exc:
         raise errors.Invalid(f"--node-name: {exc}") from None
-    backend, how = gpus.detect(options.fake_gpus, options.gpu_model, options.gpu_memory)
+    backend, how = gpus.detect(
+        options.fake_gpus, options.gpu_model, options.gpu_memory, node_name=node_name
+    )
     state_dir = (options.state_dir or agent.default_state_dir(node_name)).resolve()
     the_agent = agent.Agent(
         opened.database(db_url),

@@ -218,11 +218,11 @@ def test_foreign_processes_are_listed_and_the_jobs_are_not(
     agents: Agents, gctl: Gctl, tmp_path: Path
 ) -> None:
     agents.controller()
-    agents.agent_with()
+    agents.agent_with("fg")
     env = {k: v for k, v in os.environ.items() if k != "GCTL_GPUS"}
-    notebook = subprocess.Popen(
-        ["sleep", "60"], env={**env, "GCTL_FAKE_GPU_MEMORY": "20Gi", "CUDA_VISIBLE_DEVICES": "0"}
-    )
+    # Its GCTL_NODE keeps it off the fake GPUs of other tests' nodes on this host.
+    fake_use = {"GCTL_FAKE_GPU_MEMORY": "20Gi", "CUDA_VISIBLE_DEVICES": "0", "GCTL_NODE": "fg"}
+    notebook = subprocess.Popen(["sleep", "60"], env={**env, **fake_use})
     try:
         apply_job(
             gctl,
@@ -233,11 +233,11 @@ def test_foreign_processes_are_listed_and_the_jobs_are_not(
         )
         wait_phase(gctl, "trainer", "Running")
         job_pid = attempt(gctl, "trainer-1")["status"]["pid"]
-        running_at = _heartbeat(node_status(gctl))
+        running_at = _heartbeat(node_status(gctl, "fg"))
 
         # A heartbeat taken after the attempt was recorded Running knows it is a job's.
         status = wait_for(
-            lambda: _heartbeat(s := node_status(gctl)) > running_at and s,
+            lambda: _heartbeat(s := node_status(gctl, "fg")) > running_at and s,
             "a heartbeat after the job started",
             DEADLINE,
         )
