@@ -400,12 +400,13 @@ def _complete(members: list[binding.Binding]) -> bool:
 
 
 def _ended_well(member: binding.Binding) -> bool:
-    """A member that exited on its own and did its work: the others go on."""
-    return (
-        member.status.phase == "Exited"
-        and member.spec.stop_reason is None
-        and binding.succeeded(member.status)
+    """A member that exited on its own and did its work: the others go on. A stop asked for
+    after its process had already exited does not count, as for a single-node attempt
+    (`outcomes.account`): its status.reason says how it ended, the stop's reason if stopped."""
+    stopped = (
+        member.spec.stop_reason is not None and member.status.reason == member.spec.stop_reason
     )
+    return member.status.phase == "Exited" and not stopped and binding.succeeded(member.status)
 
 
 def _deciding(members: list[binding.Binding]) -> binding.Binding:

@@ -370,3 +370,34 @@ def test_a_multi_node_job_preempts_on_two_nodes_and_is_bound_once_both_exited(
     for name in ("low1", "low2"):
         low = _job(database, name)
         assert (low.status.preemptions, low.status.failed) == (1, 0)
+
+
+def _ended(database: db.Database, name: str, **status: object) -> None:
+    """What the agent writes of a member that ended: exactly these status fields."""
+    with database.write() as session:
+        writer = store.Store(session)
+        member = writer.get(binding.Binding, name, "default")
+        for field, value in status.items():
+            setattr(member.status, field, value)
+        writer.update_status(member)
+
+
+def test_a_member_that_exited_0_before_a_stop_landed_leaves_the_others_running(
+    database: db.Database,
+) -> None:
+    """A stop asked for after the member's process had exited on its own (its agent reports
+    `Completed`, not the stop's reason) does not count, as for one node: the others go on,
+    rather than being stopped and the Job called Succeeded with rank 0 cut short."""
+    _bound_gang(database, "ddp", TWO)
+    for name in ("ddp-1", "ddp-1-r1"):
+        report_attempt(database, name, "Running", T0)
+    _reconcile(database, "ddp")
+    with database.write() as session:
+        writer = store.Store(session)
+        late = writer.get(binding.Binding, "ddp-1-r1", "default")
+        late.spec.stop_reason = binding.STOP_PREEMPTED
+        writer.update(late)
+    _ended(database, "ddp-1-r1", phase="Exited", exit_code=0, reason="Completed", finish_time=T0)
+    _reconcile(database, "ddp")
+    assert _member(database, "ddp-1").spec.stop_reason is None
+    assert _job(database, "ddp").status.phase == "Running"
