@@ -423,7 +423,11 @@ def _deciding(members: list[binding.Binding]) -> binding.Binding:
             continue
         deciding = member.model_copy(deep=True)
         status = deciding.status
-        how = status.message or f"exit code {status.exit_code}"
+        how = status.message or (
+            f"exit code {status.exit_code}"
+            if status.exit_code is not None
+            else "it ended without an exit record"  # lost, as `outcomes` says of one alone
+        )
         status.message = f"rank {member.spec.rank} on {member.spec.node}: {how}"
         return deciding
     return members[0]

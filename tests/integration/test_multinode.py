@@ -401,3 +401,19 @@ def test_a_member_that_exited_0_before_a_stop_landed_leaves_the_others_running(
     _reconcile(database, "ddp")
     assert _member(database, "ddp-1").spec.stop_reason is None
     assert _job(database, "ddp").status.phase == "Running"
+
+
+def test_a_member_lost_without_a_message_says_so_not_exit_code_none(
+    database: db.Database,
+) -> None:
+    _bound_gang(database, "ddp", TWO)
+    for name in ("ddp-1", "ddp-1-r1"):
+        report_attempt(database, name, "Running", T0)
+    _ended(database, "ddp-1-r1", phase="Lost", reason=binding.REASON_LOST, finish_time=T0)
+    _reconcile(database, "ddp")
+    report_attempt(database, "ddp-1", "Exited", T0, exit_code=143)
+    _reconcile(database, "ddp")
+    requeued = _job(database, "ddp")
+    assert requeued.status.message == (
+        "attempt 1 on n2 was lost: rank 1 on n2: it ended without an exit record; retrying"
+    )
