@@ -410,14 +410,18 @@ def _ended_well(member: binding.Binding) -> bool:
 
 
 def _deciding(members: list[binding.Binding]) -> binding.Binding:
-    """The member whose end decides how the attempt ended: the first to end badly (lost,
-    stopped for a reason of its own, or failed; not one stopped because another ended), its
-    message naming its rank and node; rank 0 when all did their work."""
-    ended = sorted(
+    """The member whose end decides how the attempt ended, its message naming its rank: one
+    lost (with its node, or fenced) first, as Slurm requeues a job on NODE_FAIL (a node is
+    declared lost a node timeout after it went silent, and the members that failed meanwhile
+    most likely failed for want of it); else the first to end badly (stopped for a reason of
+    its own, or failed; not one stopped because another ended); rank 0 when all did their
+    work."""
+    by_end = sorted(
         members,
         key=lambda b: (b.status.finish_time or datetime.max.replace(tzinfo=UTC), b.spec.rank or 0),
     )
-    for member in ended:
+    ordered = [b for b in by_end if _lost(b)] + [b for b in by_end if not _lost(b)]
+    for member in ordered:
         stopped_for_another = member.status.reason == binding.STOP_MEMBER_ENDED
         if _ended_well(member) or stopped_for_another:
             continue
@@ -428,6 +432,12 @@ def _deciding(members: list[binding.Binding]) -> binding.Binding:
             if status.exit_code is not None
             else "it ended without an exit record"  # lost, as `outcomes` says of one alone
         )
-        status.message = f"rank {member.spec.rank} on {member.spec.node}: {how}"
+        # A lost member's message names its node already (`outcomes`).
+        where = "" if _lost(member) else f" on {member.spec.node}"
+        status.message = f"rank {member.spec.rank}{where}: {how}"
         return deciding
     return members[0]
+
+
+def _lost(member: binding.Binding) -> bool:
+    return member.status.phase == "Lost" or member.status.reason == binding.REASON_FENCED

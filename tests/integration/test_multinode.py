@@ -415,5 +415,31 @@ def test_a_member_lost_without_a_message_says_so_not_exit_code_none(
     _reconcile(database, "ddp")
     requeued = _job(database, "ddp")
     assert requeued.status.message == (
-        "attempt 1 on n2 was lost: rank 1 on n2: it ended without an exit record; retrying"
+        "attempt 1 on n2 was lost: rank 1: it ended without an exit record; retrying"
     )
+
+
+def test_a_member_lost_with_its_node_decides_even_after_another_failed(
+    database: db.Database,
+) -> None:
+    """n1 dies; rank 1 on n2 loses rank 0 and exits 1 at once; n1 is declared lost a node
+    timeout later. The attempt was lost, not failed: requeued without spending backoffLimit."""
+    _bound_gang(database, "ddp", TWO)
+    for name in ("ddp-1", "ddp-1-r1"):
+        report_attempt(database, name, "Running", T0)
+    _ended(database, "ddp-1-r1", phase="Exited", exit_code=1, reason="Error", finish_time=T0)
+    _reconcile(database, "ddp")
+    with database.write() as session:
+        store.Store(session).delete(node.Node, "n1")
+    seen: nodes.Seen = {}
+    later = T0 + timedelta(seconds=40)
+    store.transact(database, lambda w: nodes.reconcile(w, "n1", later, timedelta(seconds=40), seen))
+    assert _member(database, "ddp-1").status.phase == "Lost"
+    _reconcile(database, "ddp", now=later)
+    requeued = _job(database, "ddp")
+    assert (requeued.status.phase, requeued.status.reason, requeued.status.failed) == (
+        "Pending",
+        job.REASON_ATTEMPT_LOST,
+        0,
+    )
+    assert (requeued.status.message or "").startswith("attempt 1 was lost with node n1: rank 0")
