@@ -82,7 +82,8 @@ class World:
     run_times: dict[str, timedelta]  # command -> median run time of its recent successes
     # GPUProfiles left out because they do not validate: name -> what is wrong
     invalid_profiles: dict[str, str] = field(default_factory=dict)
-    # Node -> the hostname its agent reports: where a multi-node Job's rank 0 listens
+    # Node -> the address its agent reports (--address, else its hostname): where a multi-node
+    # Job's rank 0 listens
     hostnames: dict[str, str] = field(default_factory=dict)
 
 
@@ -98,8 +99,8 @@ def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
     invalid_nodes: list[Wire] = []
     for n in _valid(reader, node.Node, aside, shared_read=True, invalid=invalid_nodes):
         found, its_gpus = node_of(n)
-        if n.status.hostname:
-            hostnames[n.name] = n.status.hostname
+        if where := n.status.address or n.status.hostname:
+            hostnames[n.name] = where
         if n.name in lost_nodes:
             found, its_gpus = _closed(found, its_gpus, ATTEMPT_SET_ASIDE)
         nodes.append(found)

@@ -50,9 +50,11 @@ class Agent:
         heartbeat_seconds: float = 10.0,
         grace_seconds: float = 10.0,
         fence_seconds: float = 30.0,
+        address: str | None = None,
         clock: Callable[[], datetime] = meta.utcnow,
     ) -> None:
         self.db = database
+        self.address = address  # where other nodes reach this one; None: its hostname
         self.name = node_name
         self.backend = backend
         self.instance = ownership.new_instance(
@@ -130,6 +132,7 @@ class Agent:
             self.clock(),
             instance=self.instance,
             predecessors=self._state_lock.predecessors,
+            address=self.address,
         )
         self.lease.touch()  # only after the heartbeat is in the database
         said = json.dumps(unread.spec, sort_keys=True) if unread is not None else None

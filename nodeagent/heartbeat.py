@@ -101,8 +101,10 @@ def beat(
     *,
     instance: node.AgentInstance | None = None,
     predecessors: frozenset[str] = frozenset(),
+    address: str | None = None,
 ) -> SpecUnread | None:
-    """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready. With the
+    """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready, the address
+    other nodes reach it at (None: its hostname). With the
     agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile.
     Returns why the stored spec does not validate, if it does not (the status is written all
     the same)."""
@@ -124,6 +126,7 @@ def beat(
         status.gpus = discovered
         status.heartbeat_time = now
         status.hostname = socket.gethostname()
+        status.address = address
         status.agent_version = gctl.__version__
         status.agent_instance = instance or status.agent_instance
         meta.set_condition(

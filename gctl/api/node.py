@@ -100,6 +100,9 @@ class NodeStatus(meta.Model):
     conditions: list[meta.Condition] = Field(default_factory=list)
     heartbeat_time: datetime | None = None
     hostname: str | None = None
+    # Where other nodes reach this one (its agent's --address): a multi-node Job's rank 0 here
+    # is its members' MASTER_ADDR. None: its hostname.
+    address: str | None = None
     agent_version: str | None = None
     agent_instance: AgentInstance | None = None
     gpus: list[GPUInfo] = Field(default_factory=list)

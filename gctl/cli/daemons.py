@@ -37,6 +37,7 @@ class AgentOptions:
     heartbeat_seconds: float
     grace_seconds: float
     fence_seconds: float = 30.0
+    address: str | None = None  # where other nodes reach this one (None: its hostname)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def _agent_runner(
         heartbeat_seconds=options.heartbeat_seconds,
         grace_seconds=options.grace_seconds,
         fence_seconds=options.fence_seconds,
+        address=options.address,
     )
     try:
         the_agent.claim()  # a second agent for the node stops here, in one line

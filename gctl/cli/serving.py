@@ -37,6 +37,14 @@ StateDirOpt = Annotated[
 LabelOpt = Annotated[
     list[str] | None, typer.Option("--label", help="Node label key=value (repeatable).")
 ]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Where other nodes reach this one, for multi-node Jobs' MASTER_ADDR "
+        "(default: the host name).",
+    ),
+]
 
 
 def _seconds(param: typer.CallbackParam, value: float) -> float:
@@ -147,6 +155,7 @@ def _agent_options(
     heartbeat: float,
     grace: float,
     fence: float,
+    address: str | None = None,
 ) -> "daemons.AgentOptions":
     from pathlib import Path
 
@@ -162,7 +171,18 @@ def _agent_options(
         heartbeat_seconds=heartbeat,
         grace_seconds=grace,
         fence_seconds=fence,
+        address=_address(address),
     )
+
+
+def _address(value: str | None) -> str | None:
+    """--address as given: a host name or IP address, without spaces or a port."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text or any(c.isspace() for c in text) or "/" in text:
+        fail(f"--address: {value!r} is not a host name or IP address")
+    return text
 
 
 def up(
@@ -175,6 +195,7 @@ def up(
     heartbeat: HeartbeatOpt = 10.0,
     grace_period: GraceOpt = 10.0,
     fence_after: FenceOpt = 30.0,
+    address: AddressOpt = None,
     node_timeout: NodeTimeoutOpt = 40.0,
     backoff: BackoffOpt = 10.0,
     sync_dirs: SyncDirOpt = None,
@@ -195,6 +216,7 @@ def up(
         heartbeat,
         grace_period,
         fence_after,
+        address,
     )
     daemons.up(db, options, node_timeout, backoff, syncs)
 
@@ -224,6 +246,7 @@ def agent_run(
     heartbeat: HeartbeatOpt = 10.0,
     grace_period: GraceOpt = 10.0,
     fence_after: FenceOpt = 30.0,
+    address: AddressOpt = None,
     simulate: SimulateOpt = False,
     virtual_nodes: VirtualNodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = 8,
@@ -239,6 +262,8 @@ def agent_run(
             fail("--virtual-nodes: give --simulate too (virtual nodes run no processes)")
         if fake_gpus is not None or node_name is not None:
             fail("--simulate: use --gpus-per-node and --name-prefix, not --fake-gpus/--node-name")
+        if address is not None:
+            fail("--simulate: virtual nodes run nothing to reach: leave --address out")
         daemons.virtual_agent(
             db,
             daemons.VirtualOptions(
@@ -263,5 +288,6 @@ def agent_run(
         heartbeat,
         grace_period,
         fence_after,
+        address,
     )
     daemons.agent(db, options)

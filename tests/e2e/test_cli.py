@@ -922,6 +922,16 @@ def test_bad_manifest_writes_nothing(
             id="daemon-nan-time-scale",
         ),
         pytest.param(
+            ["agent", "run", "--fake-gpus", "1", "--address", "gpu 7"],
+            "--address: 'gpu 7' is not a host name or IP address",
+            id="agent-address",
+        ),
+        pytest.param(
+            ["agent", "run", "--simulate", "--address", "10.0.0.7"],
+            "--simulate: virtual nodes run nothing to reach: leave --address out",
+            id="simulate-address",
+        ),
+        pytest.param(
             ["apply", "-f", "comments.yaml", "-o", "name"],
             "comments.yaml: no objects",
             id="only-comments",

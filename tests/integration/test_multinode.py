@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from controller import jobs, nodes, placement, scheduling, writing
 from gctl.api import binding, job, node
 from gctl.store import db, store
+from nodeagent import heartbeat
 from tests.builders import make_job, put_ready_node, report_attempt, stored
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -443,3 +444,23 @@ def test_a_member_lost_with_its_node_decides_even_after_another_failed(
         0,
     )
     assert (requeued.status.message or "").startswith("attempt 1 was lost with node n1: rank 0")
+
+
+def test_rank_0_listens_at_the_address_its_agent_reports(database: db.Database) -> None:
+    """`agent run --address`: where other nodes reach a node (its hostname may not resolve
+    on them) is its members' MASTER_ADDR; without one, its hostname."""
+    for name, address in (("n1", "10.0.0.7"), ("n2", None)):
+        heartbeat.beat(database, name, {}, [_gpu(0)], T0, address=address)
+    gang = make_job("ddp").gpus(1)
+    gang.spec["resources"]["nodes"] = 2
+    gang.spec["placement"] = {"nodes": ["n1", "n2"]}
+    with database.write() as session:
+        store.Store(session).create(gang.build())
+    store.transact(database, lambda w: scheduling.schedule(w, T0))
+    first = _member(database, "ddp-1")
+    assert (first.spec.node, first.spec.master_addr) == ("n1", "10.0.0.7")
+    assert stored(database, node.Node, "n2").status.address is None
+
+
+def _gpu(index: int) -> node.GPUInfo:
+    return node.GPUInfo(index=index, uuid=f"GPU-{index}", model="A100", memory_total=80 * 2**30)
