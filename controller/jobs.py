@@ -305,11 +305,8 @@ def _check_pending(
 
 def _members(attempts: list[binding.Binding]) -> list[binding.Binding]:
     """The latest attempt's Bindings, by rank, if it is a multi-node attempt; else none."""
-    if not attempts or attempts[-1].spec.rank is None:
-        return []
-    number = attempts[-1].spec.attempt
-    its = [b for b in attempts if b.spec.attempt == number and b.spec.rank is not None]
-    return sorted(its, key=lambda b: b.spec.rank or 0)
+    latest = binding.latest_attempt(attempts)
+    return latest if latest and latest[0].spec.rank is not None else []
 
 
 def _reconcile_members(

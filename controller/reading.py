@@ -84,7 +84,7 @@ class World:
     invalid_profiles: dict[str, str] = field(default_factory=dict)
     # Node -> the address its agent reports (--address, else its hostname): where a multi-node
     # Job's rank 0 listens
-    hostnames: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
 
 
 def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
@@ -95,12 +95,12 @@ def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
     profiles = {p.name: p.spec for p in _valid(reader, profile.GPUProfile, aside)}
     active, lost_nodes = _valid_active_bindings(reader, aside)
     nodes, gpus = [], []
-    hostnames = {}
+    addresses = {}
     invalid_nodes: list[Wire] = []
     for n in _valid(reader, node.Node, aside, shared_read=True, invalid=invalid_nodes):
         found, its_gpus = node_of(n)
         if where := n.status.address or n.status.hostname:
-            hostnames[n.name] = where
+            addresses[n.name] = where
         if n.name in lost_nodes:
             found, its_gpus = _closed(found, its_gpus, ATTEMPT_SET_ASIDE)
         nodes.append(found)
@@ -121,7 +121,7 @@ def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
         profiles,
         run_times,
         aside.named(profile.GPUProfile.KIND),
-        hostnames,
+        addresses,
     )
 
 

@@ -108,10 +108,10 @@ def apply(
             late = True
             continue
         if len(batch) >= BATCH or _waits_for(d, batch):
-            _bind(writer, batch, pools, created, now, hostnames=world.hostnames)
+            _bind(writer, batch, pools, created, now, addresses=world.addresses)
             batch = []
         batch.append((d, stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])))
-    _bind(writer, batch, pools, created, now, hostnames=world.hostnames)
+    _bind(writer, batch, pools, created, now, addresses=world.addresses)
     if late:
         return
     if not _preempt(writer, [d for d in decisions if d.victims], by_key, world, budget):
@@ -324,7 +324,7 @@ def _bind(
     created: dict[Created, str],
     now: datetime,
     *,
-    hostnames: dict[str, str],
+    addresses: dict[str, str],
 ) -> None:
     """Bind each Job's next attempt (or, for a Job bound ahead that moves, the same attempt
     again) and move it to Scheduled: one write per kind of object for the whole batch. Notes
@@ -339,7 +339,7 @@ def _bind(
         after = _uids(d, created)
         attempt, message = _bound(j, d.placement, now, after=after)
         attempts.extend(
-            members_of(j, attempt, d.placement, rules, after=after, hostnames=hostnames)
+            members_of(j, attempt, d.placement, rules, after=after, addresses=addresses)
         )
         jobs.append(j)
         events.append(store.Occurrence(j, "Scheduled", message, source=SOURCE))
@@ -424,16 +424,16 @@ def members_of(
     rules: placement.Pool,
     *,
     after: list[str] | None = None,
-    hostnames: dict[str, str] | None = None,
+    addresses: dict[str, str] | None = None,
 ) -> list[binding.Binding]:
     """The Bindings of one attempt: one (`<job>-<attempt>`), or for a multi-node Job one per
     member (`binding.name_of`), each with its rank, the members' nodes and where rank 0
-    listens (the hostname its agent reports; the node's name where it reports none)."""
+    listens (the address its agent reports; the node's name where it reports none)."""
     ranks = decision.ranks()
     multi = len(ranks) > 1
     nodes = [node for node, _ in ranks]
     uid = j.metadata.uid or ""
-    master = (hostnames or {}).get(nodes[0], nodes[0])
+    master = (addresses or {}).get(nodes[0], nodes[0])
     return [
         binding.Binding(
             metadata=meta.ObjectMeta(

@@ -1,6 +1,7 @@
 """The Binding kind: one attempt of one Job on one node with specific GPUs."""
 
 import hashlib
+from collections.abc import Iterable
 from datetime import datetime
 from typing import ClassVar, Final, Literal
 
@@ -107,6 +108,15 @@ def master_port(job_uid: str) -> int:
     rank 0 share a host seldom ask for the same port (one in a thousand for two)."""
     digest = hashlib.sha256(job_uid.encode()).digest()
     return MASTER_PORTS.start + int.from_bytes(digest[:8], "big") % len(MASTER_PORTS)
+
+
+def latest_attempt(attempts: Iterable["Binding"]) -> list["Binding"]:
+    """The Bindings of the latest attempt among `attempts`: its one, or a multi-node attempt's
+    members, by rank."""
+    found = list(attempts)
+    latest = max((b.spec.attempt for b in found), default=None)
+    its = [b for b in found if b.spec.attempt == latest]
+    return sorted(its, key=lambda b: b.spec.rank or 0)
 
 
 def queued(spec: BindingSpec, status: BindingStatus) -> bool:

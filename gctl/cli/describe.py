@@ -17,7 +17,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gctl.api import errors, event, kinds, quantity, queue
+from gctl.api import binding, errors, event, kinds, quantity, queue
 from gctl.cli import cells, fitting, getting, views
 
 if TYPE_CHECKING:
@@ -294,11 +294,7 @@ def _members(reader: "store.Store", wire: dict[str, Any], width: int) -> list[st
     """A multi-node Job's latest attempt, member by member: the rank, its node and GPUs, and
     where its process stands (its Binding's phase), as `kubectl describe` lists a PyTorchJob's
     replicas. `<none>` until an attempt is bound."""
-    bindings = reader.bindings_of(wire["metadata"].get("uid", ""))
-    latest = max((b.spec.attempt for b in bindings), default=None)
-    members = sorted(
-        (b for b in bindings if b.spec.attempt == latest), key=lambda b: b.spec.rank or 0
-    )
+    members = binding.latest_attempt(reader.bindings_of(wire["metadata"].get("uid", "")))
     rows = [
         [
             str(b.spec.rank or 0),

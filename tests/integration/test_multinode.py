@@ -30,7 +30,7 @@ def _bound_gang(
         request = placement.Request("default", name, gpus=len(where[0][1]), nodes=len(where))
         decided = placement.Placement(request, *where[0], 1.0, members=tuple(where[1:]))
         members = writing.members_of(
-            j, 1, decided, placement.Pool(), hostnames={where[0][0]: "host-a"}
+            j, 1, decided, placement.Pool(), addresses={where[0][0]: "host-a"}
         )
         writer.create_many(members)
         j.status.phase, j.status.attempts = "Scheduled", 1
