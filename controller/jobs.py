@@ -305,8 +305,9 @@ def _check_pending(
 
 def _members(attempts: list[binding.Binding]) -> list[binding.Binding]:
     """The latest attempt's Bindings, by rank, if it is a multi-node attempt; else none."""
-    latest = binding.latest_attempt(attempts)
-    return latest if latest and latest[0].spec.rank is not None else []
+    if not attempts or attempts[-1].spec.rank is None:  # oldest first: the last is the latest's
+        return []
+    return binding.latest_attempt(attempts)
 
 
 def _reconcile_members(
