@@ -125,17 +125,7 @@ class Capacity:
         return self.idle == 0 and not self.partial
 
     def _shape(self, request: snapshot.Request, pool: snapshot.Pool) -> tuple[object, ...]:
-        return (
-            pool.name,
-            request.gpus,
-            request.gpu_memory,
-            request.gpu_model,
-            request.node,
-            request.allowed,
-            request.pinned,
-            request.nodes,
-            request.deadline,
-        )
+        return shape_of(request, pool.name)
 
     def _place(self, request: snapshot.Request, found: snapshot.Fit) -> snapshot.Decision:
         share = request.gpus if request.gpus < 1 else 1.0
@@ -401,6 +391,22 @@ def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.S
                 if len(group) == wanted:
                     return group, True
     return list(usable[:wanted]), False
+
+
+def shape_of(request: snapshot.Request, pool: str) -> tuple[object, ...]:
+    """What a request asks of the GPUs, in pool `pool`: requests of one shape fare alike in a
+    pass, until capacity changes."""
+    return (
+        pool,
+        request.gpus,
+        request.gpu_memory,
+        request.gpu_model,
+        request.node,
+        request.allowed,
+        request.pinned,
+        request.nodes,
+        request.deadline,
+    )
 
 
 def own_place(slot: snapshot.Slot, request: snapshot.Request) -> bool:

@@ -81,6 +81,7 @@ class Controller:
         # (namespace, name) of a Job -> the pending Jobs that depend on it
         self._dependents: dict[tuple[str, str], set[Key]] = {}
         self._passes: set[int] = set()  # revisions written by this controller's passes
+        self._tail = scheduling.Tail(clock)  # when its passes last decided the whole queue
         self._invalid: dict[Key, str] = {}  # objects set aside -> the version reported
         # and -> the generation and fault said: an agent's heartbeats write a Node that does
         # not validate (its status), each a new version, with nothing new to say
@@ -108,7 +109,7 @@ class Controller:
         aside = reading.SetAside(self._invalid)
         try:
             if key == SCHEDULE:  # its reads hold no writer back (scheduling.run)
-                due, revision = scheduling.run(self.db, now, aside=aside)
+                due, revision = scheduling.run(self.db, now, aside=aside, tail=self._tail)
                 written[:] = [revision]
             else:
                 due = store.transact(self.db, work)

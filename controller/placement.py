@@ -78,21 +78,31 @@ def plan(
     requests: Iterable[Request],
     now: datetime,
     max_placements: int | None = None,
+    *,
     starts_only: bool = False,
+    head: int | None = None,
 ) -> Plan:
-    """Decide every request, in queue order; stop after `max_placements` placements, and, with
-    `starts_only`, once a Job starts and no later request could start now (`_Rest`)."""
+    """Decide every request, in queue order; stop after `max_placements` placements; with
+    `starts_only`, once a Job starts and no later request could start now (`_Rest`); with
+    `head`, once `head` requests are decided and no later one could change anything but what
+    it is told (`_Tail`)."""
     ordered = queue_order(requests)
     planner = _Planner(snapshot, now, [r.queued for r in ordered if r.queued is not None])
-    rest = _Rest(ordered) if starts_only else None
+    rest = _Rest(ordered) if starts_only or head is not None else None
+    tail = _Tail(ordered) if head is not None and len(ordered) > head else None
     decisions: list[Decision] = []
     placed = 0
     starting = False
     for i, request in enumerate(ordered):
         if max_placements is not None and placed >= max_placements:
             return Plan(decisions, complete=False)
-        if starting and rest and planner.full() and rest.none_may_start(i, planner.priorities):
-            return Plan(decisions, undecided=len(ordered) - i)
+        if rest and planner.full() and rest.none_may_start(i, planner.priorities):
+            if starting and starts_only:
+                return Plan(decisions, undecided=len(ordered) - i)
+            if tail and i >= (head or 0) and tail.settled(planner):
+                return Plan(decisions, untold=len(ordered) - i)
+        if tail:
+            tail.take(i)
         decision = planner.decide(request)
         placed += changes(decision)
         starting = starting or (_starts(decision) and changes(decision))
@@ -133,6 +143,43 @@ class _Rest:
         """Whether no request from index `i` on can start now or preempt, where no GPU has
         room (`priorities`: of the attempts on the GPUs, ascending)."""
         return not self.must_decide[i] and (not priorities or self.top[i] <= priorities[0])
+
+
+class _Tail:
+    """The request shapes (`capacity.shape_of`) from each place in the queue on, for
+    `plan(head=)`. Once every GPU is full and no later request could start or preempt
+    (`_Rest`), a request can still bind ahead, or wait for an attempt that is stopping; when
+    no shape left in the queue can do either (`_Planner.exhausted`: it tried and found
+    nothing, and nothing has changed since), every later request would only be told why it
+    waits, and that is left to a pass that decides the whole queue. Slurm's main scheduler
+    looks no further than the head of its queue either (`default_queue_depth`); its backfill
+    scheduler, which walks the rest, runs every `bf_interval`. Past `MAX_SHAPES` shapes the
+    pass decides the whole queue, as before."""
+
+    MAX_SHAPES = 16
+
+    def __init__(self, ordered: list[Request]) -> None:
+        # None: it cannot be queued at all (it is only told why)
+        self.shapes = [
+            None if r.problem is not None else capacity.shape_of(r, r.pool) for r in ordered
+        ]
+        self.left: Counter[tuple[object, ...] | None] = Counter(self.shapes)
+        self.example = dict(zip(self.shapes, ordered, strict=True))
+
+    def take(self, i: int) -> None:
+        """The request at `i` is decided: it is no longer left."""
+        shape = self.shapes[i]
+        self.left[shape] -= 1
+        if not self.left[shape]:
+            del self.left[shape]
+
+    def settled(self, planner: "_Planner") -> bool:
+        """Whether no shape left could do more than wait, told why."""
+        if len(self.left) > self.MAX_SHAPES:
+            return False
+        return all(
+            shape is None or planner.exhausted(self.example[shape], shape) for shape in self.left
+        )
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:
@@ -181,6 +228,20 @@ class _Planner(gangs.GangPlanning):
         self.messages: dict[tuple[object, ...], str] = {}
         self.positions: Counter[str] = Counter()
         self.reserved_pools: set[str] = set()
+
+    def exhausted(self, request: Request, shape: tuple[object, ...]) -> bool:
+        """Whether a request of this shape would find nothing but waiting, told why, where no
+        GPU has room and it could preempt no attempt (`_Tail`): it can bind ahead nowhere and
+        wait for no attempt stopping, as one of its shape found since capacity last changed.
+        A pool that is missing, or refuses a fraction asked for, only tells it why."""
+        pool = self._pool(request)
+        if isinstance(pool, Decision):
+            return True
+        if request.nodes > 1:  # steps 3 and 4 together; never bound ahead
+            return not self.stopping or shape in self.no_preemption
+        if self.stopping and shape not in self.no_wait:
+            return False
+        return not pool.bind_ahead or request.gpus < 1 or self.no_ahead.get(shape) == self.version
 
     # -- the steps -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -389,29 +389,64 @@ class PassMemo(Generic[V]):
         if self._keeping:
             self._next[id(w)] = (w, value)
 
+    def carry(self, w: Wire) -> V | None:
+        """`get`, and kept for the next pass as it was, if found."""
+        entry = self._kept.get(id(w))
+        if entry is None or entry[0] is not w:
+            return None
+        if self._keeping:
+            self._next[id(w)] = entry
+        return entry[1]
+
+    def keep(self, wires: Iterable[Wire]) -> None:
+        """What the last pass kept of these, for the next: this one did not look."""
+        if not self._keeping:
+            return
+        for w in wires:
+            entry = self._kept.get(id(w))
+            if entry is not None and entry[0] is w:
+                self._next.setdefault(id(w), entry)
+
     def __len__(self) -> int:
         """How many values the next pass may look up."""
         return len(self._next)
 
 
-# A pending Job's Request, with the run-time history it was read with (read again every
-# RUN_TIMES_TTL seconds). A Job that names a GPUProfile is read again every pass.
-REQUESTS: PassMemo[tuple[dict[str, timedelta], placement.Request]] = PassMemo()
+# A pending Job that nothing may hold back as stored (`queue.may_hold`), by its key.
+FREE: PassMemo[Key] = PassMemo()
+
+
+# A pending Job's Request, with the run-time history it was read with and the key of its
+# command there. A Job that names a GPUProfile is read again every pass.
+REQUESTS: PassMemo[tuple[dict[str, timedelta], placement.Request, str]] = PassMemo()
 
 
 def requests_of(wires: list[Wire], world: World) -> list[placement.Request]:
-    """`request_of` each pending Job, reusing the last pass's Request of one unchanged."""
+    """`request_of` each pending Job, reusing the last pass's Request of one unchanged (with
+    the run time the history gives it, read again every RUN_TIMES_TTL seconds)."""
     found = []
     for w in wires:
-        kept = REQUESTS.get(w)
+        kept = REQUESTS.carry(w)
         if kept is not None and kept[0] is world.run_times:
             request = ranked(kept[1], world)  # its pool may have changed its queueOrder
+        elif kept is not None:  # the run-time history was read again
+            request = ranked(_with_run_time(kept[1], kept[2], world), world)
+            REQUESTS.put(w, (world.run_times, request, kept[2]))
         else:
             request = _request_or_invalid(w, world)
-        if not w["spec"].get("resources", {}).get("profile"):
-            REQUESTS.put(w, (world.run_times, request))
+            spec = w["spec"]
+            if not spec.get("resources", {}).get("profile"):
+                REQUESTS.put(w, (world.run_times, request, command_key(spec.get("command"))))
         found.append(request)
     return found
+
+
+def _with_run_time(request: placement.Request, command: str, world: World) -> placement.Request:
+    """The Request with the run time the history gives it now (`request_of`)."""
+    if request.deadline:
+        return request
+    runtime = world.run_times.get(command)
+    return request if runtime == request.runtime else dataclasses.replace(request, runtime=runtime)
 
 
 def ranked(request: placement.Request, world: World) -> placement.Request:

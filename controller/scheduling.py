@@ -19,7 +19,10 @@ no write after `Limits.seconds` of writing (as Slurm's scheduler stops after so 
 so much time per cycle); it then returns `now`, so the controller runs the next pass at once
 and no single transaction holds the database for long. A pass that binds a Job that starts now
 leaves binding ahead and telling waiting Jobs to the next pass too (`writing._starting`), which
-it makes due `FOLLOW_UP` after its own start rather than at once.
+it makes due `FOLLOW_UP` after its own start rather than at once. And the controller's passes
+decide the queue behind its head only when they may change something there besides what those
+Jobs are told, or once a second (`Tail`): with every GPU busy, a pass over a long queue costs
+what reading it costs, not what deciding and telling it does.
 
 What lives here is the pass itself: its `Limits`, the two ways of running it (`schedule` in one
 transaction; `run`, with SQLite's optimistic read), the read and plan (`_plan`) and when the
@@ -63,22 +66,68 @@ class Limits:
 
 LIMITS = Limits()
 
+# How often, at least, a controller's passes decide the whole queue: between such passes, one
+# that can change nothing behind the head of the queue but what those Jobs are told leaves
+# them untold (`Tail`).
+TAIL_EVERY = timedelta(seconds=1)
+TAIL_SHARE = 0.1  # the most of its time a controller spends deciding the queue behind the head
+
+
+@dataclass
+class Tail:
+    """When a controller's passes last decided the whole queue, for the passes between.
+
+    With every GPU busy and its next Job bound ahead, a pass after each exit decided every Job
+    of the queue to tell them they still wait, and with 8,000 Jobs behind 8 GPUs of short jobs
+    that was 0.6 s a pass and 10 jobs/s. So a pass decides the head of the queue
+    (`placement.QUEUE_HEAD` Jobs) and goes on only while a later Job could change something
+    more than what it is told (`placement.plan`'s `head`); what the others are told waits for
+    the next pass that decides the whole queue: due `TAIL_EVERY` after the last one, or later
+    where that one took longer than `TAIL_SHARE` of the time between (a queue of 100,000).
+    Meanwhile a Job behind the head keeps what it was told last, as a Pod keeps its
+    PodScheduled condition between kube-scheduler's attempts."""
+
+    clock: Callable[[], datetime]  # the controller's
+    decided: datetime | None = None  # when the last pass that decided the whole queue began
+    took: timedelta = timedelta(0)  # how long it took
+    began: datetime | None = None  # of the pass now running
+
+    def head(self) -> int | None:
+        """A pass begins: how many Jobs it decides whatever happens, or None for all."""
+        self.began = self.clock()
+        return placement.QUEUE_HEAD if self.due() > self.began else None
+
+    def ended(self, whole: bool) -> datetime:
+        """The pass ended, having decided the whole queue or not: when the next that must
+        is due."""
+        if whole and self.began is not None:
+            self.decided, self.took = self.began, self.clock() - self.began
+        return self.due()
+
+    def due(self) -> datetime:
+        """When the next pass that decides the whole queue is due: now, if none has yet."""
+        if self.decided is None:
+            return self.clock()
+        return self.decided + max(TAIL_EVERY, self.took / TAIL_SHARE)
+
 
 def schedule(
     writer: store.Store,
     now: datetime,
     limits: Limits = LIMITS,
     aside: reading.SetAside | None = None,
+    tail: Tail | None = None,
 ) -> datetime | None:
     """One pass in one transaction; returns when the next one is due: `now` when work was
     left for it (`now + FOLLOW_UP` when the pass started Jobs and left the rest), else when
-    the next back-off ends, if any. The stored objects that do not validate are left out
-    (`reading.SetAside`): a Job that fails as the pass writes it raises StoredInvalid, and the
-    next pass, given it in `aside.versions`, leaves it out too."""
+    the next back-off ends, or the queue behind the head is to be decided (`tail`: without
+    one, every pass decides the whole queue), if any. The stored objects that do not validate
+    are left out (`reading.SetAside`): a Job that fails as the pass writes it raises
+    StoredInvalid, and the next pass, given it in `aside.versions`, leaves it out too."""
     aside = aside if aside is not None else reading.SetAside()
     with bulk.collector_paused():  # some hundred thousand objects over 10,000 pending Jobs
         writer.lock_scheduling()
-        return _write(writer, _plan(writer, now, limits, aside), now, limits)
+        return _write(writer, _plan(writer, now, limits, aside, tail), now, limits, tail)
 
 
 def run(
@@ -86,6 +135,7 @@ def run(
     now: datetime,
     limits: Limits = LIMITS,
     aside: reading.SetAside | None = None,
+    tail: Tail | None = None,
 ) -> tuple[datetime | None, int | None]:
     """The controller's pass: as `schedule`, and the revision it wrote at, if it wrote.
 
@@ -105,13 +155,13 @@ def run(
                 with database.read() as session:
                     reader = store.Store(session)
                     since = reader.current_revision()
-                    planned = _plan(reader, now, limits, aside)
+                    planned = _plan(reader, now, limits, aside, tail)
                 try:
                     with database.write() as session:
                         writer = store.Store(session)
                         if writer.changed_since(since, RACES):
                             raise PassRaced
-                        due = _write(writer, planned, now, limits)
+                        due = _write(writer, planned, now, limits, tail)
                         return due, writer.written_revision
                 except (errors.Conflict, PassRaced):
                     continue
@@ -119,7 +169,7 @@ def run(
 
     def locked(writer: store.Store) -> datetime | None:
         aside.found.clear()  # of an earlier try
-        due = schedule(writer, now, limits, aside)
+        due = schedule(writer, now, limits, aside, tail)
         written[0] = writer.written_revision
         return due
 
@@ -148,51 +198,99 @@ class _Planned:
     complete: bool = True
     on_metrics: bool = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
     undecided: int = 0  # requests the plan left to the next pass (placement.Plan)
+    untold: int = 0  # requests behind the head left to a pass that decides them all
 
 
-def _plan(reader: store.Store, now: datetime, limits: Limits, aside: reading.SetAside) -> _Planned:
+def _plan(
+    reader: store.Store,
+    now: datetime,
+    limits: Limits,
+    aside: reading.SetAside,
+    tail: Tail | None = None,
+) -> _Planned:
+    head = tail.head() if tail is not None else None
     pending = reader.pending_wires()
     if aside.versions:
         pending = [w for w in pending if not aside.holds(w)]
-    reading.REQUESTS.begin(len(pending))
-    telling.TOLD.begin(len(pending))
-    eligible: list[Wire] = []
+    for memo in (reading.REQUESTS, reading.FREE, telling.TOLD):
+        memo.begin(len(pending))
+    by_key: dict[Key, Wire] = {}
     held: list[Wire] = []
+    # The Jobs a pass found nothing could hold back, as stored (most of a long queue), are
+    # looked up; the others are read (`queue.held`).
+    others: list[Wire] = []
+    for w in pending:
+        found = reading.FREE.carry(w)
+        if found is None:
+            others.append(w)
+        else:
+            by_key[found] = w
     # A malformed Job fails here as one that does not validate, to be set aside: `strict`, as
     # the CLI's reading (which leaves it out of the queue) is not.
     try:
-        succeeded = reading.succeeded_dependencies(reader, pending)
-        for w in pending:
-            (held if queue.held(w, now, succeeded, strict=True) else eligible).append(w)
+        succeeded = reading.succeeded_dependencies(reader, others)
+        for w in others:
+            if queue.held(w, now, succeeded, strict=True):
+                held.append(w)
+                continue
+            by_key[reading.key(w)] = w
+            if not queue.may_hold(w):
+                reading.FREE.put(w, reading.key(w))
     except Exception:
-        reading.raise_invalid(pending)
+        reading.raise_invalid(others)
         raise
+    eligible = list(by_key.values())
     if not eligible and not reader.any_queued_bindings():
         return _Planned(held, [], {}, None)
     world = reading.read_world(reader, aside)
-    by_key = {reading.key(w): w for w in eligible}
     requests = reading.requests_of(eligible, world)
     for request, w in reading.queued_requests(world, aside):
         by_key[reading.key(w)] = w
         requests.append(request)
     result = placement.plan(
-        world.snapshot, requests, now, max_placements=limits.binds, starts_only=True
+        world.snapshot, requests, now, max_placements=limits.binds, starts_only=True, head=head
     )
     if result.undecided and not writing.starts(result.decisions, world):
         # Its one start is held back (an armed attempt asked back is still on its GPUs): the
-        # pass writes as one that starts nothing, which decides every Job.
-        result = placement.plan(world.snapshot, requests, now, max_placements=limits.binds)
+        # pass writes as one that starts nothing.
+        result = placement.plan(
+            world.snapshot, requests, now, max_placements=limits.binds, head=head
+        )
+    if result.untold:  # what they were told stands until a pass decides them
+        telling.TOLD.keep(by_key.values())
     foreign = any(g.foreign_memory for g in world.snapshot.gpus)
     pools = world.snapshot.pools
     on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
     return _Planned(
-        held, result.decisions, by_key, world, result.complete, on_metrics, result.undecided
+        held,
+        result.decisions,
+        by_key,
+        world,
+        result.complete,
+        on_metrics,
+        result.undecided,
+        result.untold,
     )
 
 
 def _write(
-    writer: store.Store, planned: _Planned, now: datetime, limits: Limits
+    writer: store.Store,
+    planned: _Planned,
+    now: datetime,
+    limits: Limits,
+    tail: Tail | None = None,
 ) -> datetime | None:
+    due = _due(writer, planned, now, limits)
+    if tail is None:
+        return due
+    whole = planned.complete and not planned.undecided and not planned.untold
+    told = tail.ended(whole)  # the Jobs behind the head are told then
+    if not planned.untold:
+        return due
+    return told if due is None else min(due, told)
+
+
+def _due(writer: store.Store, planned: _Planned, now: datetime, limits: Limits) -> datetime | None:
     # The time limit counts from the first write.
     budget = writing.Budget.of(limits.writes, limits.seconds, limits.clock)
     if planned.world is not None:

@@ -157,6 +157,9 @@ class Plan:
     # Requests left undecided by a pass that starts Jobs and has no room left for the rest
     # (placement.plan's `starts_only`): the next pass decides them.
     undecided: int = 0
+    # Requests behind the head of the queue left to a pass that decides the whole queue, as
+    # none of them could change anything but what it is told (placement.plan's `head`).
+    untold: int = 0
 
 
 def age_key(request: Request) -> tuple[int, float, datetime, str, str]:

@@ -79,6 +79,22 @@ def held(
         return True
 
 
+def may_hold(wire: Wire) -> bool:
+    """Whether anything could hold a pending Job as stored back (`held`), whatever the time
+    and whichever Jobs have succeeded: it is suspended, deleted, in back-off or depends on
+    others. One that does not validate, where this cannot read it, may."""
+    try:
+        spec, status = wire["spec"], wire["status"]
+        return bool(
+            spec.get("suspend")
+            or spec.get("dependsOn")
+            or status.get("retryAfter") is not None
+            or wire["metadata"].get("deletionTimestamp")
+        )
+    except UNREADABLE:
+        return True
+
+
 def _held(wire: Wire, now: datetime, succeeded: Container[Key] | None) -> bool:
     retry = wire["status"].get("retryAfter")
     namespace = key(wire)[0]

@@ -47,27 +47,32 @@ def wires(
 ) -> list[dict[str, Any]]:
     """The rows that match `where`, in wire form, in `order`."""
     table = tables.table_of(cls.KIND)
-    keys = execute(
-        select(table.c.uid, table.c.resource_version).where(*where).order_by(*order)
-    ).all()
+    query = select(table.c.uid, table.c.resource_version).where(*where).order_by(*order)
+    rows: Sequence[Any] = execute(query).all()
+    keys: list[tuple[str, int]] = [(row[0], row[1]) for row in rows]
     if len(keys) > MAX_KEPT:  # too many to keep: decode them all, as they come
-        rows = execute(select(*tables.readable(table)).where(*where).order_by(*order))
-        return [listing.row_to_wire(cls.INFO, r._mapping) for r in rows]
-    found: dict[str, dict[str, Any]] = {}  # of this read: another thread may empty the cache
-    missing = []
-    for key in keys:
-        entry = _DECODED.get(key.uid)
-        if entry is not None and entry[0] == key.resource_version:
-            found[key.uid] = entry[1]
+        every = execute(select(*tables.readable(table)).where(*where).order_by(*order))
+        return [listing.row_to_wire(cls.INFO, r._mapping) for r in every]
+    # Of this read, in order (None where not decoded yet): another thread may empty the cache.
+    found: list[dict[str, Any] | None] = []
+    missing: dict[str, int] = {}  # uid -> its place in `found`
+    for uid, version in keys:
+        entry = _DECODED.get(uid)
+        if entry is not None and entry[0] == version:
+            found.append(entry[1])
         else:
-            missing.append(key.uid)
+            missing[uid] = len(found)
+            found.append(None)
+    if not missing:
+        return found  # type: ignore[return-value]  # none is None
     if len(_DECODED) + len(missing) > MAX_KEPT:
         _DECODED.clear()
-    for start in range(0, len(missing), CHUNK):
-        chunk = missing[start : start + CHUNK]
+    uids = list(missing)
+    for start in range(0, len(uids), CHUNK):
+        chunk = uids[start : start + CHUNK]
         for row in execute(select(*tables.readable(table)).where(*where, table.c.uid.in_(chunk))):
-            found[row.uid] = listing.row_to_wire(cls.INFO, row._mapping)
-            _DECODED[row.uid] = (row.resource_version, found[row.uid])
+            found[missing[row.uid]] = wire = listing.row_to_wire(cls.INFO, row._mapping)
+            _DECODED[row.uid] = (row.resource_version, wire)
     # On PostgreSQL a row may have changed, stopped matching or gone between the two reads:
     # then the newer row stands, and one that no longer matches is left out.
-    return [found[key.uid] for key in keys if key.uid in found]
+    return [w for w in found if w is not None]

@@ -241,6 +241,41 @@ def test_a_pass_that_starts_jobs_leaves_the_rest_to_the_next_one(database: db.Da
     assert _waiting(_job(database, "j4")) == ("Unschedulable", "0/2 GPUs fit: 2 in use")
 
 
+def test_jobs_behind_the_head_of_the_queue_are_told_by_the_pass_that_decides_them_all(
+    database: db.Database,
+) -> None:
+    """With the controller's `Tail`, a pass that could change nothing behind the head of the
+    queue but what those Jobs are told leaves them as they were; the pass due `TAIL_EVERY`
+    after the last one that decided the whole queue tells them."""
+    clock = [T0]
+    tail = scheduling.Tail(lambda: clock[0])
+
+    def run() -> datetime | None:
+        return store.transact(
+            database, lambda w: scheduling.schedule(w, clock[0], UNLIMITED, tail=tail)
+        )
+
+    behind = placement.QUEUE_HEAD + 10
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create_many([make_job(f"j{i:03d}").build() for i in range(behind)])
+    assert run() == T0 + scheduling.FOLLOW_UP  # j000 starts: the first pass to decide all ...
+    assert run() is None  # ... is this one: j001 is bound ahead, the others told why they wait
+    assert tail.decided == T0
+    with database.write() as session:
+        store.Store(session).create_many([make_job(f"late{i}").build() for i in range(3)])
+    assert run() == T0 + scheduling.TAIL_EVERY
+    assert [_job(database, f"late{i}").status.conditions for i in range(3)] == [[], [], []]
+    told = _waiting(_job(database, f"j{placement.QUEUE_HEAD - 1:03d}"))
+    assert told == ("Unschedulable", "0/1 GPUs fit: 1 in use")
+
+    clock[0] = T0 + scheduling.TAIL_EVERY
+    assert run() is None
+    assert _waiting(_job(database, "late2")) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
+    assert tail.decided == clock[0]
+
+
 def test_waiting_jobs_learn_their_place_and_when_they_should_start(database: db.Database) -> None:
     with database.write() as session:
         writer = store.Store(session)

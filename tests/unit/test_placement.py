@@ -239,3 +239,69 @@ def test_a_starting_pass_decides_every_job_bound_ahead() -> None:
     full = placement.plan(shot, queue, T0)
     assert where(full)["p"] == ("a", (1,))  # p moves to q's place ...
     assert cut.decisions == full.decisions  # ... and q, decided, moves on
+
+
+# -- a pass decides no further than the head while the rest could only wait (`head`) ---------
+
+
+def _all_busy() -> Snapshot:
+    """Node a with 4 GPUs, each busy with one job: the first four Jobs bind ahead."""
+    return _one_free(_busy("a", 0), _busy("a", 1), _busy("a", 2), _busy("a", 3))
+
+
+def test_a_pass_leaves_the_queue_behind_the_head_once_the_rest_could_only_wait() -> None:
+    """j0-j3 bind ahead; j4 finds no place, and no later Job could do more than wait."""
+    queue = [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(10)]
+    shot = _all_busy()
+    full = placement.plan(shot, queue, T0)
+    cut = placement.plan(shot, queue, T0, head=2)
+    assert (len(cut.decisions), cut.untold, cut.undecided) == (5, 5, 0)
+    assert cut.decisions == full.decisions[:5]
+    assert [n for n, (_, _) in where(cut).items()] == ["j0", "j1", "j2", "j3"]
+    assert (len(full.decisions), full.untold) == (10, 0)
+
+
+def test_a_pass_decides_the_whole_head_even_when_the_rest_could_only_wait() -> None:
+    queue = [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(10)]
+    cut = placement.plan(_all_busy(), queue, T0, head=8)
+    assert (len(cut.decisions), cut.untold) == (8, 2)
+
+
+def test_a_pass_goes_on_to_a_later_shape_that_may_still_bind_ahead() -> None:
+    """The left pool's Jobs fill GPUs 0 and 1; the right pool's Job, last in the queue, still
+    finds GPUs 2 and 3 to be next on."""
+    pools = {
+        "left": placement.Pool("left", gpus=frozenset({0, 1})),
+        "right": placement.Pool("right", gpus=frozenset({2, 3})),
+    }
+    shot = _all_busy()
+    shot.pools.update(pools)
+    queue = [req(f"l{i}", 1, pool="left", created=T0 + timedelta(seconds=i)) for i in range(8)]
+    queue.append(req("r", 2, pool="right", created=T0 + timedelta(seconds=99)))
+    cut = placement.plan(shot, queue, T0, head=1)
+    assert cut.untold == 0
+    assert cut.decisions == placement.plan(shot, queue, T0).decisions
+    assert where(cut)["r"] == ("a", (2, 3))
+
+
+def test_a_pass_goes_on_while_a_gpu_has_room_or_a_later_job_could_preempt() -> None:
+    queue = [req(f"j{i}", 1, created=T0 + timedelta(seconds=i)) for i in range(10)]
+    room = placement.plan(_one_free(_busy("a", 1), _busy("a", 2), _busy("a", 3)), queue, T0)
+    assert room.untold == 0
+    low = [
+        Allocation("default", f"on-{i}", f"on-{i}-1", "a", (i,), uid=f"u{i}", priority=-1)
+        for i in range(4)
+    ]
+    cut = placement.plan(_one_free(*low), queue, T0, head=2)
+    assert cut.untold == 0
+    assert sum(1 for d in cut.decisions if d.victims) == 4
+
+
+def test_a_pass_decides_everything_past_a_few_shapes() -> None:
+    """Past `_Tail.MAX_SHAPES` shapes left, looking at each at every step costs more than
+    deciding the rest."""
+    queue = [
+        req(f"j{i:02d}", 1, deadline=60 + i, created=T0 + timedelta(seconds=i)) for i in range(40)
+    ]
+    cut = placement.plan(_all_busy(), queue, T0, head=2)
+    assert cut.untold == 0
