@@ -14,6 +14,10 @@
   between one attempt's end and the next one's start on the same GPU, as their supervisors
   timed them (the Bindings' finishTime and startTime), against 10 ms. Beside it, the makespan
   from the Jobs' creation, without the apply's own start.
+- throughput-deep: 400 `true` Jobs on 8 fake GPUs with nothing else queued, then 400 more ahead
+  of 10,000 waiting Jobs of lower priority, in one `gctl up`: the second rate against the first
+  (a pass reads the whole queue, and must stay cheap behind a long one). Budget: at most twice
+  as slow.
 - idle-60s: CPU seconds (user + system, the process and all its descendants, from
   /proc/PID/stat) that an idle `gctl up --fake-gpus 8` uses over 60 s, after one job ran.
 """
@@ -29,7 +33,7 @@ from pathlib import Path
 from bench import jobs as job_benchmarks
 from bench import lifecycle
 from bench.store import BenchError, Context, Result, progress, run_gctl
-from gctl.api import job
+from gctl.api import job, meta
 from gctl.store import store
 
 THROUGHPUT_JOBS, THROUGHPUT_GPUS = 1000, 8
@@ -42,6 +46,7 @@ PACKING_IDEAL_S = PACKING_JOBS / PACKING_GPUS * PACKING_SLEEP_S
 PACKING_TIMEOUT_S = 300.0
 GAP_BUDGET_MS = 10.0
 IDLE_WINDOW_S, IDLE_SETTLE_S, IDLE_BUDGET_S = 60.0, 5.0, 1.0
+DEEP_JOBS, DEEP_BEHIND, DEEP_SLOWER = 400, 10_000, 2.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -118,6 +123,46 @@ def bench_throughput(ctx: Context) -> list[Result]:
             for n, ms in records.items()
         ),
     ]
+
+
+def bench_deep(ctx: Context) -> list[Result]:
+    """`true` Jobs through `gctl up` with an empty queue behind them, then with a long one."""
+    with job_benchmarks.daemons(ctx, "throughput-deep", THROUGHPUT_GPUS) as rig:
+        rates = []
+        for label, behind in (("alone", 0), ("deep", DEEP_BEHIND)):
+            names = [f"{label}-{index:03d}" for index in range(DEEP_JOBS)]
+            waiting = [f"behind-{index:05d}" for index in range(behind)]
+            progress(f"throughput-deep: {DEEP_JOBS} jobs of `true`, {behind} queued behind...")
+            start = time.perf_counter()
+            _create_ranked(rig, names, waiting)
+            job_benchmarks.wait_finished(rig, names, THROUGHPUT_TIMEOUT_S)
+            elapsed = max(rig.watcher.finished_at[n] for n in names) - start
+            rates.append(DEEP_JOBS / elapsed)
+    alone, deep = rates
+    return [
+        Result(
+            "throughput-deep",
+            round(alone / deep, 2),
+            "x",
+            DEEP_SLOWER,
+            note=f"slower: {deep:.0f} jobs/s ahead of {DEEP_BEHIND:,} waiting, {alone:.0f} alone",
+        )
+    ]
+
+
+def _create_ranked(rig: job_benchmarks.Rig, names: list[str], behind: list[str]) -> None:
+    """`true` Jobs of priority 1 (`names`), and of priority 0 (`behind`), in one transaction."""
+    with rig.database.write() as session:
+        store.Store(session).create_many(
+            [
+                job.Job(
+                    metadata=meta.ObjectMeta(name=name),
+                    spec=job.JobSpec(command="true", priority=priority),
+                )
+                for priority, group in ((1, names), (0, behind))
+                for name in group
+            ]
+        )
 
 
 def _packing_manifest(rig: job_benchmarks.Rig, names: list[str]) -> Path:
@@ -231,6 +276,7 @@ def bench_idle(ctx: Context) -> list[Result]:
 
 BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {
     "throughput-1000": bench_throughput,
+    "throughput-deep": bench_deep,
     "packing-200": bench_packing,
     "idle-60s": bench_idle,
 }
