@@ -363,12 +363,13 @@ def parse_time(value: str | None) -> datetime | None:
 class PassMemo(Generic[V]):
     """Values a scheduling pass worked out from stored Jobs, for the next pass to look up.
 
-    A pass decides every pending Job, and most are the same stored object as in the pass
+    A pass reads every pending Job, and most are the same stored object as in the pass
     before (`Store.pending_wires` decodes a Job once per version and shares it): values are
     keyed by that object's identity, so a new version of the Job misses. Only the last pass's
     values are kept, and none when the queue is longer than the Store keeps decoded
     (`shared.MAX_KEPT`): its Jobs are then new objects at every pass, and keeping them would
-    only hold a second copy of the queue. Passes of two controllers in one process (tests)
+    only hold a second copy of the queue. What a pass did not look at is lost to the next
+    unless it says so (`carry`, `keep`). Passes of two controllers in one process (tests)
     may race on it: that costs misses, never a wrong value."""
 
     def __init__(self) -> None:

@@ -493,3 +493,51 @@ def test_jobs_bound_ahead_never_share_a_place_or_lose_it_to_a_start(
 
 def _gpus_of(a: Allocation) -> set[tuple[str, int]]:
     return {(a.node, i) for i in a.gpus}
+
+
+@st.composite
+def busy_clusters(draw: st.DrawFn) -> Snapshot:
+    """Every GPU busy with one whole job, of a priority from 2 to 5 (some stopping, some
+    preemptible, some ending soon): where a pass may stop behind the head of the queue."""
+    nodes, gpus, allocations = [], [], []
+    for n in range(draw(st.integers(1, 3))):
+        name = f"n{n}"
+        nodes.append(Node(name))
+        for index in range(draw(st.integers(1, 4))):
+            gpus.append(GPU(name, index, "A100", 80 * GI))
+            allocations.append(
+                Allocation(
+                    "default",
+                    f"r-{name}-{index}",
+                    f"r-{name}-{index}-1",
+                    name,
+                    (index,),
+                    priority=draw(st.integers(2, 5)),
+                    preemptible=draw(st.booleans()),
+                    ends=draw(st.sampled_from((None, T0 + timedelta(minutes=5)))),
+                    stopping=draw(st.sampled_from((None, None, None, "Preempted"))),
+                )
+            )
+    pools = {
+        "capped": Pool("capped", nodes=frozenset({"n0"}), preemption=False),
+        "default": Pool("default", bind_ahead=draw(st.booleans()), backfill=draw(st.booleans())),
+    }
+    return Snapshot(nodes, gpus, pools, allocations)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(clusters(backfill=True), busy_clusters()), queues(), st.integers(0, 14))
+def test_a_pass_stops_behind_the_head_only_where_the_rest_would_only_wait(
+    shot: Snapshot, requests: list[Request], head: int
+) -> None:
+    """`plan(head=)` decides a prefix of what the whole plan decides, and every request it
+    leaves the whole plan neither places (to start or bound ahead) nor lets preempt."""
+    whole = placement.plan(shot, requests, T0)
+    cut = placement.plan(shot, requests, T0, head=head)
+    decided = len(cut.decisions)
+    assert decided + cut.untold == len(whole.decisions)
+    assert decided >= min(head, len(requests))
+    assert cut.decisions == whole.decisions[:decided]
+    for left in whole.decisions[decided:]:
+        assert left.placement is None, left
+        assert not left.victims, left
