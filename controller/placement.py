@@ -40,9 +40,9 @@ The planner's values (Snapshot, Request, Decision ...) live in `snapshot` and ar
 The planner is built in layers, each over the state it handles: the GPUs as the pass changes
 them, with steps 1 and 2, are `capacity`'s (its fit indexes `fitindex`'s); the attempts bound
 ahead, with step 5, are `ahead`'s; a multi-node Job's steps are `gangs`'s; the queue, with
-steps 3, 4 and 6 and the order of the steps, is here. Step 4's choice of victims (and what
-each node offers a gang in steps 3 and 4) is `preemption`'s, and the checks and messages are
-`diagnosis`'s.
+steps 3, 4 and 6 and the order of the steps, is here; how far down the queue a pass decides
+is `depth`'s. Step 4's choice of victims (and what each node offers a gang in steps 3 and 4)
+is `preemption`'s, and the checks and messages are `diagnosis`'s.
 """
 
 import bisect
@@ -51,7 +51,7 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from controller import capacity, diagnosis, fitindex, gangs, preemption, snapshot
+from controller import capacity, depth, diagnosis, fitindex, gangs, preemption, snapshot
 from gctl.api import binding, job
 
 # The values of `snapshot`, under the names callers use (`placement.Request` ...).
@@ -83,13 +83,13 @@ def plan(
     head: int | None = None,
 ) -> Plan:
     """Decide every request, in queue order; stop after `max_placements` placements; with
-    `starts_only`, once a Job starts and no later request could start now (`_Rest`); with
+    `starts_only`, once a Job starts and no later request could start now (`depth.Rest`); with
     `head`, once `head` requests are decided and no later one could change anything but what
-    it is told (`_Tail`)."""
+    it is told (`depth.Tail`)."""
     ordered = queue_order(requests)
     planner = _Planner(snapshot, now, [r.queued for r in ordered if r.queued is not None])
-    rest = _Rest(ordered) if starts_only or head is not None else None
-    tail = _Tail(ordered) if head is not None and len(ordered) > head else None
+    rest = depth.Rest(ordered) if starts_only or head is not None else None
+    tail = depth.Tail(ordered) if head is not None and len(ordered) > head else None
     decisions: list[Decision] = []
     placed = 0
     starting = False
@@ -99,7 +99,7 @@ def plan(
         if rest and planner.full() and rest.none_may_start(i, planner.priorities):
             if starting and starts_only:
                 return Plan(decisions, undecided=len(ordered) - i)
-            if tail and i >= (head or 0) and tail.settled(planner):
+            if tail and i >= (head or 0) and tail.settled(planner.exhausted):
                 return Plan(decisions, untold=len(ordered) - i)
         if tail:
             tail.take(i)
@@ -115,71 +115,6 @@ def _starts(decision: Decision) -> bool:
     agent starts it): `plan` counts only the starts that write a Binding, as `writing`
     does, so that a pass whose only start is that one decides every request."""
     return decision.placement is not None and not decision.placement.after
-
-
-class _Rest:
-    """What the requests from each place in the queue on could do, for `plan(starts_only=)`.
-    A pass that starts a Job writes only the Bindings of the Jobs that start (and
-    preemptions): binding ahead and telling the waiting Jobs why they wait are left to the
-    next pass (`writing._starting`). So once no GPU has room left, it need not decide the rest
-    of a long queue only to drop the outcome, unless one of them could still start (it needs
-    no GPU) or preempt (its priority is above an attempt's), or is a Job bound ahead: a Job
-    before it may have taken its place, and one left undecided would keep it beside the
-    taker's Binding (two Jobs next on one GPU). Slurm's main scheduler, too, looks no
-    further than the head of its queue (`default_queue_depth`)."""
-
-    def __init__(self, ordered: list[Request]) -> None:
-        # From each index on: the highest priority, and whether a request needs no GPU or is
-        # bound ahead.
-        self.top: list[int] = [0] * len(ordered)
-        self.must_decide: list[bool] = [False] * len(ordered)
-        top, must = -(2**63), False
-        for i in range(len(ordered) - 1, -1, -1):
-            top = max(top, ordered[i].priority)
-            must = must or ordered[i].gpus == 0 or ordered[i].queued is not None
-            self.top[i], self.must_decide[i] = top, must
-
-    def none_may_start(self, i: int, priorities: list[int]) -> bool:
-        """Whether no request from index `i` on can start now or preempt, where no GPU has
-        room (`priorities`: of the attempts on the GPUs, ascending)."""
-        return not self.must_decide[i] and (not priorities or self.top[i] <= priorities[0])
-
-
-class _Tail:
-    """The request shapes (`capacity.shape_of`) from each place in the queue on, for
-    `plan(head=)`. Once every GPU is full and no later request could start or preempt
-    (`_Rest`), a request can still bind ahead, or wait for an attempt that is stopping; when
-    no shape left in the queue can do either (`_Planner.exhausted`: it tried and found
-    nothing, and nothing has changed since), every later request would only be told why it
-    waits, and that is left to a pass that decides the whole queue. Slurm's main scheduler
-    looks no further than the head of its queue either (`default_queue_depth`); its backfill
-    scheduler, which walks the rest, runs every `bf_interval`. Past `MAX_SHAPES` shapes the
-    pass decides the whole queue, as before."""
-
-    MAX_SHAPES = 16
-
-    def __init__(self, ordered: list[Request]) -> None:
-        # None: it cannot be queued at all (it is only told why)
-        self.shapes = [
-            None if r.problem is not None else capacity.shape_of(r, r.pool) for r in ordered
-        ]
-        self.left: Counter[tuple[object, ...] | None] = Counter(self.shapes)
-        self.example = dict(zip(self.shapes, ordered, strict=True))
-
-    def take(self, i: int) -> None:
-        """The request at `i` is decided: it is no longer left."""
-        shape = self.shapes[i]
-        self.left[shape] -= 1
-        if not self.left[shape]:
-            del self.left[shape]
-
-    def settled(self, planner: "_Planner") -> bool:
-        """Whether no shape left could do more than wait, told why."""
-        if len(self.left) > self.MAX_SHAPES:
-            return False
-        return all(
-            shape is None or planner.exhausted(self.example[shape], shape) for shape in self.left
-        )
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:
@@ -231,7 +166,7 @@ class _Planner(gangs.GangPlanning):
 
     def exhausted(self, request: Request, shape: tuple[object, ...]) -> bool:
         """Whether a request of this shape would find nothing but waiting, told why, where no
-        GPU has room and it could preempt no attempt (`_Tail`): it can bind ahead nowhere and
+        GPU has room and it could preempt no attempt (`depth.Tail`): it can bind ahead nowhere and
         wait for no attempt stopping, as one of its shape found since capacity last changed.
         A pool that is missing, or refuses a fraction asked for, only tells it why."""
         pool = self._pool(request)

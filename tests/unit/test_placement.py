@@ -298,7 +298,7 @@ def test_a_pass_goes_on_while_a_gpu_has_room_or_a_later_job_could_preempt() -> N
 
 
 def test_a_pass_decides_everything_past_a_few_shapes() -> None:
-    """Past `_Tail.MAX_SHAPES` shapes left, looking at each at every step costs more than
+    """Past `depth.Tail.MAX_SHAPES` shapes left, looking at each at every step costs more than
     deciding the rest."""
     queue = [
         req(f"j{i:02d}", 1, deadline=60 + i, created=T0 + timedelta(seconds=i)) for i in range(40)
