@@ -79,36 +79,44 @@ class Tail:
 
     With every GPU busy and its next Job bound ahead, a pass after each exit decided every Job
     of the queue to tell them they still wait, and with 8,000 Jobs behind 8 GPUs of short jobs
-    that was 0.6 s a pass and 10 jobs/s. So a pass decides the head of the queue
+    that was 0.6 s a pass and 12 jobs/s. So a pass decides the head of the queue
     (`placement.QUEUE_HEAD` Jobs) and goes on only while a later Job could change something
     more than what it is told (`placement.plan`'s `head`); what the others are told waits for
-    the next pass that decides the whole queue: due `TAIL_EVERY` after the last one, or later
-    where that one took longer than `TAIL_SHARE` of the time between (10,000 queued: every
-    5-8 s).
-    Meanwhile a Job behind the head keeps what it was told last, as a Pod keeps its
-    PodScheduled condition between kube-scheduler's attempts."""
+    the next pass that decides the whole queue: the controller's first, then one due
+    `TAIL_EVERY` after the last that did, or later where that one took longer than
+    `TAIL_SHARE` of the time between (10,000 queued: every 5-8 s). One that was to decide it
+    all and did not (it started Jobs and left the rest to the next, or ran out of writes)
+    leaves that to the next pass. Meanwhile a Job behind the head keeps what it was told
+    last, as a Pod keeps its PodScheduled condition between kube-scheduler's attempts."""
 
     clock: Callable[[], datetime]  # the controller's
     decided: datetime | None = None  # when the last pass that decided the whole queue began
     took: timedelta = timedelta(0)  # how long it took
     began: datetime | None = None  # of the pass now running
+    whole: bool = True  # the pass now running is to decide the whole queue
 
     def head(self) -> int | None:
         """A pass begins: how many Jobs it decides whatever happens, or None for all."""
         self.began = self.clock()
-        return placement.QUEUE_HEAD if self.due() > self.began else None
+        self.whole = self.decided is None or self.due() <= self.began
+        return None if self.whole else placement.QUEUE_HEAD
 
     def ended(self, whole: bool) -> datetime:
-        """The pass ended, having decided the whole queue or not: when the next that must
-        is due."""
-        if whole and self.began is not None:
-            self.decided, self.took = self.began, self.clock() - self.began
+        """The pass's writes are committed, having decided (and told) the whole queue or not:
+        when the next pass that must is due."""
+        if self.whole and self.began is not None:
+            if whole:
+                self.decided, self.took = self.began, self.clock() - self.began
+            else:  # the next pass goes on with it
+                self.decided = None
         return self.due()
 
     def due(self) -> datetime:
-        """When the next pass that decides the whole queue is due: now, if none has yet."""
-        if self.decided is None:
-            return self.clock()
+        """When the next pass that decides the whole queue is due: now, if none has yet (or
+        the clock went back past the last one)."""
+        now = self.clock()
+        if self.decided is None or self.decided > now:
+            return now
         return self.decided + max(TAIL_EVERY, self.took / TAIL_SHARE)
 
 
@@ -126,9 +134,21 @@ def schedule(
     are left out (`reading.SetAside`): a Job that fails as the pass writes it raises
     StoredInvalid, and the next pass, given it in `aside.versions`, leaves it out too."""
     aside = aside if aside is not None else reading.SetAside()
+    return _told(tail, *_locked_pass(writer, now, limits, aside, tail))
+
+
+def _locked_pass(
+    writer: store.Store,
+    now: datetime,
+    limits: Limits,
+    aside: reading.SetAside,
+    tail: Tail | None,
+) -> tuple["_Planned", "Written"]:
+    """A pass that reads, plans and writes under the scheduling lock."""
     with bulk.collector_paused():  # some hundred thousand objects over 10,000 pending Jobs
         writer.lock_scheduling()
-        return _write(writer, _plan(writer, now, limits, aside, tail), now, limits, tail)
+        planned = _plan(writer, now, limits, aside, tail)
+        return planned, _write(writer, planned, now, limits)
 
 
 def run(
@@ -162,19 +182,20 @@ def run(
                         writer = store.Store(session)
                         if writer.changed_since(since, RACES):
                             raise PassRaced
-                        due = _write(writer, planned, now, limits, tail)
-                        return due, writer.written_revision
+                        outcome = _write(writer, planned, now, limits)
+                        revision = writer.written_revision
                 except (errors.Conflict, PassRaced):
                     continue
+                return _told(tail, planned, outcome), revision
     written: list[int | None] = [None]
 
-    def locked(writer: store.Store) -> datetime | None:
+    def locked(writer: store.Store) -> tuple[_Planned, Written]:
         aside.found.clear()  # of an earlier try
-        due = schedule(writer, now, limits, aside, tail)
+        found = _locked_pass(writer, now, limits, aside, tail)
         written[0] = writer.written_revision
-        return due
+        return found
 
-    return store.transact(database, locked), written[0]
+    return _told(tail, *store.transact(database, locked)), written[0]
 
 
 class PassRaced(Exception):
@@ -215,31 +236,7 @@ def _plan(
         pending = [w for w in pending if not aside.holds(w)]
     for memo in (reading.REQUESTS, reading.FREE, telling.TOLD):
         memo.begin(len(pending))
-    by_key: dict[Key, Wire] = {}
-    held: list[Wire] = []
-    # The Jobs a pass found nothing could hold back, as stored (most of a long queue), are
-    # looked up; the others are read (`queue.held`).
-    others: list[Wire] = []
-    for w in pending:
-        found = reading.FREE.carry(w)
-        if found is None:
-            others.append(w)
-        else:
-            by_key[found] = w
-    # A malformed Job fails here as one that does not validate, to be set aside: `strict`, as
-    # the CLI's reading (which leaves it out of the queue) is not.
-    try:
-        succeeded = reading.succeeded_dependencies(reader, others)
-        for w in others:
-            if queue.held(w, now, succeeded, strict=True):
-                held.append(w)
-                continue
-            by_key[reading.key(w)] = w
-            if not queue.may_hold(w):
-                reading.FREE.put(w, reading.key(w))
-    except Exception:
-        reading.raise_invalid(others)
-        raise
+    by_key, held = _queued(reader, pending, now)
     eligible = list(by_key.values())
     if not eligible and not reader.any_queued_bindings():
         return _Planned(held, [], {}, None)
@@ -274,26 +271,66 @@ def _plan(
     )
 
 
-def _write(
-    writer: store.Store,
-    planned: _Planned,
-    now: datetime,
-    limits: Limits,
-    tail: Tail | None = None,
-) -> datetime | None:
-    due = _due(writer, planned, now, limits)
+def _queued(
+    reader: store.Store, pending: list[Wire], now: datetime
+) -> tuple[dict[Key, Wire], list[Wire]]:
+    """The pending Jobs in the queue, by key, and those held back (`queue.held`). The Jobs a
+    pass found nothing could hold back, as stored (most of a long queue), are looked up
+    (`reading.FREE`); the others are read."""
+    by_key: dict[Key, Wire] = {}
+    held: list[Wire] = []
+    others: list[Wire] = []
+    for w in pending:
+        found = reading.FREE.carry(w)
+        if found is None:
+            others.append(w)
+        else:
+            by_key[found] = w
+    # A malformed Job fails here as one that does not validate, to be set aside: `strict`, as
+    # the CLI's reading (which leaves it out of the queue) is not.
+    try:
+        succeeded = reading.succeeded_dependencies(reader, others)
+        for w in others:
+            if queue.held(w, now, succeeded, strict=True):
+                held.append(w)
+                continue
+            by_key[reading.key(w)] = w
+            if not queue.may_hold(w):
+                reading.FREE.put(w, reading.key(w))
+    except Exception:
+        reading.raise_invalid(others)
+        raise
+    return by_key, held
+
+
+# What a pass's writes left: when the next pass is due, and whether it decided and told the
+# whole queue (nothing left undecided, untold, or to the next pass's budget).
+Written = tuple[datetime | None, bool]
+
+
+def _told(tail: Tail | None, planned: _Planned, written: Written) -> datetime | None:
+    """When the next pass is due, once the pass's writes are committed: also when the Jobs it
+    left untold are to be decided, if it left any (`Tail`)."""
+    due, whole = written
     if tail is None:
         return due
-    whole = planned.complete and not planned.undecided and not planned.untold
-    told = tail.ended(whole)  # the Jobs behind the head are told then
+    told = tail.ended(whole)
     if not planned.untold:
         return due
     return told if due is None else min(due, told)
 
 
-def _due(writer: store.Store, planned: _Planned, now: datetime, limits: Limits) -> datetime | None:
+def _write(writer: store.Store, planned: _Planned, now: datetime, limits: Limits) -> Written:
     # The time limit counts from the first write.
     budget = writing.Budget.of(limits.writes, limits.seconds, limits.clock)
+    due = _due(writer, planned, now, budget)
+    whole = planned.complete and not planned.undecided and not planned.untold and not budget.short
+    return due, whole
+
+
+def _due(
+    writer: store.Store, planned: _Planned, now: datetime, budget: writing.Budget
+) -> datetime | None:
     if planned.world is not None:
         writing.apply(
             writer,

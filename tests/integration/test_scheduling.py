@@ -241,39 +241,73 @@ def test_a_pass_that_starts_jobs_leaves_the_rest_to_the_next_one(database: db.Da
     assert _waiting(_job(database, "j4")) == ("Unschedulable", "0/2 GPUs fit: 2 in use")
 
 
-def test_jobs_behind_the_head_of_the_queue_are_told_by_the_pass_that_decides_them_all(
-    database: db.Database,
-) -> None:
-    """With the controller's `Tail`, a pass that could change nothing behind the head of the
-    queue but what those Jobs are told leaves them as they were; the pass due `TAIL_EVERY`
-    after the last one that decided the whole queue tells them."""
-    clock = [T0]
-    tail = scheduling.Tail(lambda: clock[0])
+class _Ticking:
+    """A clock that moves a microsecond at every reading, from `at`."""
 
-    def run() -> datetime | None:
-        return store.transact(
-            database, lambda w: scheduling.schedule(w, clock[0], UNLIMITED, tail=tail)
-        )
+    def __init__(self) -> None:
+        self.at, self.ticks = T0, 0
 
-    behind = placement.QUEUE_HEAD + 10
+    def __call__(self) -> datetime:
+        self.ticks += 1
+        return self.at + timedelta(microseconds=self.ticks)
+
+
+def _queue_behind_one_gpu(database: db.Database, jobs: int) -> None:
     with database.write() as session:
         writer = store.Store(session)
         _node(writer, "n1", 1)
-        writer.create_many([make_job(f"j{i:03d}").build() for i in range(behind)])
-    assert run() == T0 + scheduling.FOLLOW_UP  # j000 starts: the first pass to decide all ...
-    assert run() is None  # ... is this one: j001 is bound ahead, the others told why they wait
-    assert tail.decided == T0
+        writer.create_many([make_job(f"j{i:03d}").build() for i in range(jobs)])
+
+
+def test_jobs_behind_the_head_of_the_queue_are_told_by_the_pass_that_decides_them_all(
+    database: db.Database,
+) -> None:
+    """With the controller's `Tail`, its first pass decides the whole queue (and, as it starts
+    a Job, so does the next); then a pass that could change nothing behind the head of the
+    queue but what those Jobs are told leaves them as they were, and the pass due
+    `TAIL_EVERY` after the last one that decided the whole queue tells them."""
+    clock = _Ticking()
+    tail = scheduling.Tail(clock)
+
+    def run() -> datetime | None:
+        return scheduling.run(database, clock.at, UNLIMITED, tail=tail)[0]
+
+    _queue_behind_one_gpu(database, placement.QUEUE_HEAD + 10)
+    assert run() == T0 + scheduling.FOLLOW_UP  # j000 starts: the rest is the next pass's ...
+    assert tail.decided is None
+    assert run() is None  # ... which binds j001 ahead and tells the others why they wait
+    assert tail.decided is not None
+    last = f"j{placement.QUEUE_HEAD + 9:03d}"
+    assert _waiting(_job(database, last)) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
     with database.write() as session:
         store.Store(session).create_many([make_job(f"late{i}").build() for i in range(3)])
-    assert run() == T0 + scheduling.TAIL_EVERY
+    due = run()
+    assert due is not None
+    assert timedelta(0) < due - (T0 + scheduling.TAIL_EVERY) < timedelta(milliseconds=1)
     assert [_job(database, f"late{i}").status.conditions for i in range(3)] == [[], [], []]
-    told = _waiting(_job(database, f"j{placement.QUEUE_HEAD - 1:03d}"))
-    assert told == ("Unschedulable", "0/1 GPUs fit: 1 in use")
 
-    clock[0] = T0 + scheduling.TAIL_EVERY
+    clock.at = T0 + scheduling.TAIL_EVERY + timedelta(milliseconds=1)
     assert run() is None
     assert _waiting(_job(database, "late2")) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
-    assert tail.decided == clock[0]
+    assert tail.decided is not None
+    assert tail.decided > clock.at
+
+
+def test_a_pass_that_was_to_tell_the_whole_queue_and_ran_out_of_writes_leaves_it_to_the_next(
+    database: db.Database,
+) -> None:
+    """Each pass tells 40 Jobs; the passes after the first go on telling the rest at once,
+    not a second later: the first starts j000, the next five tell the other 198 (the last of
+    them within its budget: it decided and told the whole queue)."""
+    clock = _Ticking()
+    tail = scheduling.Tail(clock)
+    _queue_behind_one_gpu(database, 200)
+    limits = scheduling.Limits(writes=40, seconds=None)
+    dues = []
+    while tail.decided is None and len(dues) < 10:
+        dues.append(scheduling.run(database, T0, limits, tail=tail)[0])
+    assert dues == [T0 + scheduling.FOLLOW_UP, T0, T0, T0, T0, None]
+    assert _waiting(_job(database, "j199")) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
 
 
 def test_waiting_jobs_learn_their_place_and_when_they_should_start(database: db.Database) -> None:
