@@ -274,39 +274,44 @@ def test_jobs_behind_the_head_of_the_queue_are_told_by_the_pass_that_decides_the
 
     _queue_behind_one_gpu(database, placement.QUEUE_HEAD + 10)
     assert run() == T0 + scheduling.FOLLOW_UP  # j000 starts: the rest is the next pass's ...
-    assert tail.decided is None
+    assert not tail.done
+    clock.at += scheduling.FOLLOW_UP
     assert run() is None  # ... which binds j001 ahead and tells the others why they wait
-    assert tail.decided is not None
+    assert tail.done
     last = f"j{placement.QUEUE_HEAD + 9:03d}"
     assert _waiting(_job(database, last)) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
     with database.write() as session:
         store.Store(session).create_many([make_job(f"late{i}").build() for i in range(3)])
     due = run()
     assert due is not None
-    assert timedelta(0) < due - (T0 + scheduling.TAIL_EVERY) < timedelta(milliseconds=1)
+    whole = T0 + scheduling.FOLLOW_UP + scheduling.TAIL_EVERY  # after the one that was
+    assert timedelta(0) < due - whole < timedelta(milliseconds=1)
     assert [_job(database, f"late{i}").status.conditions for i in range(3)] == [[], [], []]
 
-    clock.at = T0 + scheduling.TAIL_EVERY + timedelta(milliseconds=1)
+    clock.at = whole + timedelta(milliseconds=1)
     assert run() is None
     assert _waiting(_job(database, "late2")) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
-    assert tail.decided is not None
-    assert tail.decided > clock.at
+    assert tail.done
+    assert tail.last is not None
+    assert tail.last > clock.at
 
 
 def test_a_pass_that_was_to_tell_the_whole_queue_and_ran_out_of_writes_leaves_it_to_the_next(
     database: db.Database,
 ) -> None:
-    """Each pass tells 40 Jobs; the passes after the first go on telling the rest at once,
-    not a second later: the first starts j000, the next five tell the other 198 (the last of
-    them within its budget: it decided and told the whole queue)."""
+    """Each pass tells 40 Jobs; the passes after the first go on telling the rest in a quarter
+    of the time (`BACKLOG_SHARE`), not a second later: the first starts j000, the next five
+    tell the other 198 (the last of them within its budget: it decided the whole queue)."""
     clock = _Ticking()
     tail = scheduling.Tail(clock)
     _queue_behind_one_gpu(database, 200)
     limits = scheduling.Limits(writes=40, seconds=None)
     dues = []
-    while tail.decided is None and len(dues) < 10:
-        dues.append(scheduling.run(database, T0, limits, tail=tail)[0])
-    assert dues == [T0 + scheduling.FOLLOW_UP, T0, T0, T0, T0, None]
+    while not tail.done and len(dues) < 10:
+        dues.append(scheduling.run(database, clock.at, limits, tail=tail)[0])
+        clock.at += timedelta(milliseconds=10)  # more than four times what a pass took
+    at = [T0 + timedelta(milliseconds=10 * i) for i in range(6)]
+    assert dues == [at[0] + scheduling.FOLLOW_UP, at[1], at[2], at[3], at[4], None]
     assert _waiting(_job(database, "j199")) == ("Unschedulable", "0/1 GPUs fit: 1 in use")
 
 
