@@ -298,9 +298,10 @@ def _queued(
             if queue.held(w, now, succeeded, strict=True):
                 held.append(w)
                 continue
-            by_key[reading.key(w)] = w
+            found = reading.key(w)
+            by_key[found] = w
             if not queue.may_hold(w):
-                reading.FREE.put(w, reading.key(w))
+                reading.FREE.put(w, found)
     except Exception:
         reading.raise_invalid(others)
         raise

@@ -1,47 +1,19 @@
 """Multi-node Jobs in the planner: `nodes` distinct nodes at once or none, chosen by the pool's
 policy, reserving as the first blocked Job of their pool, and told what is missing."""
 
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from controller import placement, reading, writing
-from controller.placement import GPU, Allocation, Decision, Node, Pool, Request, Snapshot
+from controller.placement import GPU, Allocation, Decision, Pool, Request, Snapshot
 from gctl.api import binding, meta
-
-GI = 2**30
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def gpus(node: str, count: int, **fields: Any) -> list[GPU]:
-    defaults: dict[str, Any] = {"model": "A100", "memory_total": 80 * GI}
-    return [GPU(node, i, **(defaults | fields)) for i in range(count)]
-
-
-def snapshot(
-    *gpu_lists: list[GPU], pools: Sequence[Pool] = (), allocations: Sequence[Allocation] = ()
-) -> Snapshot:
-    every = [g for group in gpu_lists for g in group]
-    nodes = [Node(name) for name in sorted({g.node for g in every})]
-    return Snapshot(nodes, every, {p.name: p for p in pools}, list(allocations))
-
-
-def req(name: str, count: float = 1, **extra: object) -> Request:
-    return Request("default", name, count, **extra)  # type: ignore[arg-type]
+from tests.unit.test_placement_rules import GI, T0, decide, gpus, req, running, snapshot
 
 
 def gang(name: str, nodes: int, count: int, **extra: object) -> Request:
     return req(name, count, nodes=nodes, **extra)
-
-
-def running(name: str, node: str, *indices: int, **extra: object) -> Allocation:
-    return Allocation("default", name, f"{name}-1", node, indices, **extra)  # type: ignore[arg-type]
-
-
-def decide(shot: Snapshot, *requests: Request) -> dict[str, Decision]:
-    return {d.request.name: d for d in placement.plan(shot, requests, T0).decisions}
 
 
 def ranks(decision: Decision) -> list[tuple[str, tuple[int, ...]]] | None:
@@ -350,6 +322,19 @@ def test_a_gang_that_can_never_fit_is_told_so() -> None:
 # -- many gangs --------------------------------------------------------------------------------
 
 
+def _count_gpu_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the planner asks whether a GPU can take a request (`_blocker`), so far."""
+    calls = [0]
+    blocker = placement._Planner._blocker
+
+    def counted(self: placement._Planner, *args: Any, **kwargs: Any) -> str | None:
+        calls[0] += 1
+        return blocker(self, *args, **kwargs)
+
+    monkeypatch.setattr(placement._Planner, "_blocker", counted)
+    return calls
+
+
 def test_many_identical_gangs_do_not_each_look_at_every_gpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -357,20 +342,12 @@ def test_many_identical_gangs_do_not_each_look_at_every_gpu(
     check the 2,400 GPUs again (840,000 checks): a shape that found no fit finds none for the
     rest of the pass, and their messages are worked out once per shape while nothing changes."""
     shot = snapshot(*(gpus(f"n{i:03d}", 8) for i in range(300)))
-    calls = 0
-    blocker = placement._Planner._blocker
-
-    def counted(self: placement._Planner, *args: Any, **kwargs: Any) -> str | None:
-        nonlocal calls
-        calls += 1
-        return blocker(self, *args, **kwargs)
-
-    monkeypatch.setattr(placement._Planner, "_blocker", counted)
+    calls = _count_gpu_checks(monkeypatch)
     decisions = placement.plan(shot, [gang(f"g{i:03d}", 2, 8) for i in range(500)], T0).decisions
     placed = [d for d in decisions if d.placement is not None]
     assert len(placed) == 150
     assert all(len(d.placement.members) == 1 for d in placed if d.placement)
-    assert calls < 10 * 2400
+    assert calls[0] < 10 * 2400
 
 
 def test_many_identical_gangs_preempt_without_each_looking_at_every_gpu(
@@ -384,22 +361,14 @@ def test_many_identical_gangs_preempt_without_each_looking_at_every_gpu(
         *(gpus(f"n{i:03d}", 8) for i in range(500)),
         allocations=[running(f"low{i:03d}", f"n{i:03d}", *range(8)) for i in range(500)],
     )
-    calls = 0
-    blocker = placement._Planner._blocker
-
-    def counted(self: placement._Planner, *args: Any, **kwargs: Any) -> str | None:
-        nonlocal calls
-        calls += 1
-        return blocker(self, *args, **kwargs)
-
-    monkeypatch.setattr(placement._Planner, "_blocker", counted)
+    calls = _count_gpu_checks(monkeypatch)
     requests = [gang(f"g{i:04d}", 2, 8, priority=10) for i in range(1000)]
     decisions = placement.plan(shot, requests, T0).decisions
     preempting = [d for d in decisions if d.victims]
     assert len(preempting) == 250
     assert len({v.job for d in preempting for v in d.victims}) == 500
     assert all(d.placement is None and not d.victims for d in decisions[250:])
-    assert calls < 20 * 4000
+    assert calls[0] < 20 * 4000
 
 
 # -- what the writing of a plan reads of it ------------------------------------------------------
