@@ -198,7 +198,7 @@ def test_a_command_has_its_callers_signal_mask_not_the_servers(
             child = served_child(server, local.cwd)
             until(lambda: _blocked(child) == 0, "the caller's empty mask", WAIT_S)
             process.send_signal(signal.SIGINT)
-            assert process.wait(timeout=WAIT_S) == 130
+            assert _exit_code(process, child) == 130
             wait_gone(child)
         usr1 = {signal.SIGUSR1}
         with waiting_apply(local, before=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, usr1)):
@@ -234,6 +234,27 @@ def test_a_caller_with_glibcs_own_signals_blocked_is_served_without_a_warning(
 
 def _unblock_all() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _signals(pid: int) -> str:
+    """A process's state and signal masks from /proc, for a failure's message."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return f"{pid}: gone"
+    kept = [line for line in lines if line.startswith(("State", "SigPnd", "ShdPnd", "Sig"))]
+    return f"{pid} (waits in {wchan}): " + ", ".join(" ".join(line.split()) for line in kept)
+
+
+def _exit_code(process: "subprocess.Popen[str]", child: int) -> int | None:
+    """The caller's exit code; where it does not end, what it and its command were doing."""
+    try:
+        return process.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"the caller did not end: caller {_signals(process.pid)}; command {_signals(child)}"
+        ) from None
 
 
 def _blocked(pid: int) -> int:
