@@ -213,10 +213,24 @@ def empty_pg_url(pg_template: str) -> Iterator[str]:
 @pytest.fixture(params=DIALECTS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh database URL: a SQLite file, or a PostgreSQL database cloned from the template."""
-    if request.param == "sqlite":
+    return database_url(request, tmp_path, request.param)
+
+
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, dialect: str) -> str:
+    if dialect == "sqlite":
         return str(tmp_path / "gctl.db")
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+def sqlite_unless_asked(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """`db_url` for a module whose tests run on SQLite alone, save those marked `ON_BOTH`
+    (docs/decisions.md: which end-to-end tests run on both databases)."""
+    return database_url(request, tmp_path, getattr(request, "param", "sqlite"))
+
+
+# A test of a SQLite-only module that runs on both databases too.
+ON_BOTH = pytest.mark.parametrize("db_url", DIALECTS, indirect=True)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Gctl
+from tests.conftest import Gctl, sqlite_unless_asked
 from tests.e2e.test_jobs import Cluster, alive, apply_job, phase_is, wait_for
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only: what is tested here happens in the agent and the supervisors it starts (signals,
+    grace periods, its fork server, GPU memory); the database only carries their reports, and
+    the controller's side of them is tested on both (tests/integration)."""
+    return sqlite_unless_asked(request, tmp_path)
+
 
 DEADLINE = 20.0  # seconds any one thing may take before a test gives up on it
 GI = 2**30

@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import Gctl
+from tests.conftest import Gctl, sqlite_unless_asked
 from tests.e2e.test_jobs import job, phase_is, wait_for
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only: paths are resolved by the client before anything is written."""
+    return sqlite_unless_asked(request, tmp_path)
 
 
 def _job(name: str, **spec: Any) -> str:

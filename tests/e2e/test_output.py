@@ -7,13 +7,22 @@ daemon is applied and read back.
 """
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Gctl
+from tests.conftest import Gctl, sqlite_unless_asked
 from tests.e2e.conftest import REPO
 from tests.e2e.test_jobs import job, wait_for
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only: what is printed of what is stored; the reads themselves are tested on both
+    (test_cli.py, tests/integration/test_store.py)."""
+    return sqlite_unless_asked(request, tmp_path)
+
 
 WIDTH = 100  # the project's rule for a table, and what gctl assumes when stdout is no terminal
 SWEEP = REPO / "manifests" / "examples" / "sweep" / "matrix.yaml"  # lr-search: 6 Jobs

@@ -15,10 +15,18 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import Gctl
+from tests.conftest import Gctl, sqlite_unless_asked
 from tests.e2e.conftest import REPO
 from tests.e2e.test_cli import error_line
 from tests.e2e.test_jobs import job, wait_for
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only: dependencies and sweeps are decided by the controller, tested in-process on both
+    (tests/integration/test_sweeps.py, test_controller.py, test_scheduling.py)."""
+    return sqlite_unless_asked(request, tmp_path)
+
 
 PIPELINE = REPO / "manifests" / "examples" / "pipeline" / "pipeline.yaml"
 

@@ -9,8 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Gctl
+import pytest
+
+from tests.conftest import Gctl, sqlite_unless_asked
 from tests.e2e.test_jobs import Cluster, alive, apply_job, job, phase_is, wait_for
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only: the agent reads a success file; the controller's outcomes and reruns are tested
+    on both (tests/integration/test_rerun_controller.py)."""
+    return sqlite_unless_asked(request, tmp_path)
+
 
 DEADLINE = 30.0
 

@@ -26,11 +26,19 @@ import yaml
 from gctl.api import binding, job, meta, node
 from gctl.store import db, store
 from tests.builders import make_binding
-from tests.conftest import Gctl, Result
+from tests.conftest import ON_BOTH, Gctl, Result, sqlite_unless_asked
 from tests.e2e.test_cli import Lines, watching
 
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only: these commands read and follow the store as every command does, tested on
+    both (test_cli.py, tests/integration); those that wait on the change feed, which is
+    PostgreSQL's NOTIFY there, run on both (`ON_BOTH`)."""
+    return sqlite_unless_asked(request, tmp_path)
+
+
 DEADLINE = 20.0  # seconds any one thing may take before a test gives up on it
-SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 # -- the daemons and helpers -----------------------------------------------------------------
@@ -170,6 +178,7 @@ def test_run_then_logs_of_the_finished_job(
     )
 
 
+@ON_BOTH
 def test_logs_follow_prints_every_line_then_exits(
     gctl: Gctl, cluster: list[str], database: db.Database
 ) -> None:
@@ -183,7 +192,6 @@ def test_logs_follow_prints_every_line_then_exits(
     assert result.out == "".join(f"line {i}\n" for i in range(1, 6))
 
 
-@SQLITE_ONLY
 def test_logs_follow_waits_for_the_first_attempt(gctl: Gctl, cluster: list[str]) -> None:
     """Without -f a Job that has not started is an error; with -f, logs waits for it."""
     apply_job(gctl, "later", command=lines_every(0.2, 3), suspend=True)
@@ -201,7 +209,6 @@ def test_logs_follow_waits_for_the_first_attempt(gctl: Gctl, cluster: list[str])
 
 
 @pytest.mark.timeout(90)
-@SQLITE_ONLY
 def test_logs_of_each_attempt(gctl: Gctl, cluster: list[str], tmp_path: Path) -> None:
     """The first attempt fails (exit 3); after the controller's back-off (0.5 s here) the
     second succeeds. The latest attempt is the default; --attempt and --previous reach the
@@ -246,7 +253,6 @@ def test_a_job_created_again_under_its_name_starts_with_empty_logs(
     assert gctl.ok("logs", "same", "-f") == "second-run\n"
 
 
-@SQLITE_ONLY
 def test_a_job_replaced_by_apply_force_shows_only_its_own_logs(
     gctl: Gctl, cluster: list[str]
 ) -> None:
@@ -302,7 +308,6 @@ def test_run_on_one_of_the_gpus_it_may_use(gctl: Gctl, cluster: list[str]) -> No
     gctl.ok("delete", "job", "hold")
 
 
-@SQLITE_ONLY
 @pytest.mark.parametrize(
     ("gpus", "complaint"),
     [
@@ -321,7 +326,6 @@ def test_run_refuses_bad_gpus_and_creates_nothing(gctl: Gctl, gpus: str, complai
     assert re.fullmatch(r"job\.gctl/run-[a-z0-9]{5} created\n", gctl.ok("run", "--", "true"))
 
 
-@SQLITE_ONLY
 def test_run_attach_interrupted_deletes_the_job(
     gctl: Gctl, cluster: list[str], database: db.Database
 ) -> None:
@@ -347,6 +351,7 @@ def test_run_attach_interrupted_deletes_the_job(
 # -- wait ------------------------------------------------------------------------------------
 
 
+@ON_BOTH
 def test_wait_for_conditions_and_deletion(gctl: Gctl, cluster: list[str]) -> None:
     gctl.ok("run", "--name", "quick", "--", "true")
     gctl.ok("run", "--name", "slow", "--", "sleep", "30")
@@ -363,7 +368,6 @@ def test_wait_for_conditions_and_deletion(gctl: Gctl, cluster: list[str]) -> Non
     )
 
 
-@SQLITE_ONLY
 def test_wait_refuses_what_it_cannot_wait_for(gctl: Gctl) -> None:
     apply_job(gctl, "idle", command=["true"], suspend=True)
 
@@ -503,7 +507,6 @@ def _gpu(index: int, used_gi: float, **fields: Any) -> node.GPUInfo:
     )
 
 
-@SQLITE_ONLY
 def test_get_gpus_on_two_nodes_fits_100_columns(gctl: Gctl, database: db.Database) -> None:
     """Two nodes of two A100s each, as agents report them: shared, cordoned and drained GPUs,
     and a process gctl did not start."""
@@ -562,7 +565,6 @@ def test_get_gpus_watch_only_prints_only_the_rows_that_change(
     assert all(line.split()[1] == "1" for line in lines.seen[1:]), lines.seen
 
 
-@SQLITE_ONLY
 def test_wide_gpus_list_every_job_on_a_shared_gpu(gctl: Gctl, database: db.Database) -> None:
     """The plain table keeps JOBS narrow with `+N`; -o wide has the room to name them all."""
     bindings = [
