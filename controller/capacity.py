@@ -395,18 +395,9 @@ def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.S
 
 def shape_of(request: snapshot.Request, pool: str) -> tuple[object, ...]:
     """What a request asks of the GPUs, in pool `pool`: requests of one shape fare alike in a
-    pass, until capacity changes."""
-    return (
-        pool,
-        request.gpus,
-        request.gpu_memory,
-        request.gpu_model,
-        request.node,
-        request.allowed,
-        request.pinned,
-        request.nodes,
-        request.deadline,
-    )
+    pass, until capacity changes (`Request.shape`, in a pool it may name otherwise)."""
+    shape = request.shape
+    return shape if shape[0] == pool else (pool, *shape[1:])
 
 
 def own_place(slot: snapshot.Slot, request: snapshot.Request) -> bool:

@@ -12,7 +12,6 @@ pass stops behind the head of the queue once every shape left has found nothing 
 from collections import Counter
 from collections.abc import Callable
 
-from controller import capacity
 from controller.snapshot import Request
 
 
@@ -44,7 +43,7 @@ class Rest:
 
 
 class Tail:
-    """The request shapes (`capacity.shape_of`) from each place in the queue on, for
+    """The request shapes (`Request.shape`) from each place in the queue on, for
     `plan(head=)`. Once every GPU is full and no later request could start or preempt
     (`Rest`), a request can still bind ahead, or wait for an attempt that is stopping; when
     no shape left in the queue can do either (the planner's `exhausted`: it tried and found
@@ -56,9 +55,7 @@ class Tail:
 
     def __init__(self, ordered: list[Request]) -> None:
         # None: it cannot be queued at all (it is only told why)
-        self.shapes = [
-            None if r.problem is not None else capacity.shape_of(r, r.pool) for r in ordered
-        ]
+        self.shapes = [None if r.problem is not None else r.shape for r in ordered]
         self.left: Counter[tuple[object, ...] | None] = Counter(self.shapes)
         self.example = dict(zip(self.shapes, ordered, strict=True))
 

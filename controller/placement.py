@@ -47,6 +47,7 @@ is `preemption`'s, and the checks and messages are `diagnosis`'s.
 
 import bisect
 import heapq
+import operator
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -66,6 +67,7 @@ Pool = snapshot.Pool
 Request = snapshot.Request
 Snapshot = snapshot.Snapshot
 queue_key = snapshot.queue_key
+_ORDER = operator.attrgetter("order")  # queue_key, as each Request keeps it
 
 # The head of a pool's queue: Jobs at these positions get exact messages and, where it can be
 # told, an estimated start (each takes its place on a simulated timeline of the GPUs). Further
@@ -127,7 +129,7 @@ def queue_order(requests: Iterable[Request]) -> list[Request]:
     for request in requests:
         pools.setdefault(request.pool, []).append(request)
     for waiting in pools.values():
-        waiting.sort(key=queue_key)
+        waiting.sort(key=_ORDER)
     if len(pools) == 1:
         return next(iter(pools.values()))
     return list(heapq.merge(*pools.values(), key=snapshot.age_key))

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -85,6 +85,25 @@ class World:
     # Node -> the address its agent reports (--address, else its hostname): where a multi-node
     # Job's rank 0 listens
     addresses: dict[str, str] = field(default_factory=dict)
+    orders: "Orders" = field(init=False)  # each pool's queueOrder (`queue_orders`)
+
+    def __post_init__(self) -> None:
+        self.orders = queue_orders(self.snapshot.pools)
+
+
+# (pool, queueOrder) of every pool, sorted
+Orders = tuple[tuple[str, str], ...]
+_ORDERS: list[Orders] = [()]  # the last pass's
+
+
+def queue_orders(pools: Mapping[str, placement.Pool]) -> Orders:
+    """Each pool's queueOrder: the very object the last pass had while none changed, so that a
+    Request kept from pass to pass is ranked again (`ranked`) only when one did. Two
+    controllers in one process (tests) make each other's passes rank again, no more."""
+    found = tuple(sorted((name, p.queue_order) for name, p in pools.items()))
+    if found != _ORDERS[0]:
+        _ORDERS[0] = found
+    return _ORDERS[0]
 
 
 def read_world(reader: store.Store, aside: SetAside | None = None) -> World:
@@ -368,19 +387,27 @@ class PassMemo(Generic[V]):
     keyed by that object's identity, so a new version of the Job misses. Only the last pass's
     values are kept, and none when the queue is longer than the Store keeps decoded
     (`shared.MAX_KEPT`): its Jobs are then new objects at every pass, and keeping them would
-    only hold a second copy of the queue. What a pass did not look at is lost to the next
-    unless it says so (`carry`, `keep`). Passes of two controllers in one process (tests)
-    may race on it: that costs misses, never a wrong value."""
+    only hold a second copy of the queue. What a whole pass did not look at is lost to the
+    next unless it says so (`carry`); a pass that decides the head of the queue alone keeps
+    every value (`begin`). Passes of two controllers in one process (tests) may race on it:
+    that costs misses, never a wrong value."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Wire, V]] = {}  # of the pass before
         self._next: dict[int, tuple[Wire, V]] = {}  # of this pass
         self._keeping = True
 
-    def begin(self, pending: int) -> None:
-        """A pass over `pending` stored Jobs starts: what the last one kept is looked up."""
-        self._kept, self._next = self._next, {}
+    def begin(self, pending: int, *, whole: bool = True) -> None:
+        """A pass over `pending` stored Jobs starts: what the last one kept is looked up. One
+        that may decide only the head of the queue (not `whole`) keeps every value for the
+        next, those it did not look at too, in the one dict (so `carry` copies nothing); a
+        Job that left the queue meanwhile keeps its value (its wire is never read again)
+        until the next whole pass, which drops it."""
         self._keeping = pending <= shared.MAX_KEPT
+        if whole or not self._keeping:
+            self._kept, self._next = self._next, {}
+        else:
+            self._kept = self._next
 
     def get(self, w: Wire) -> V | None:
         entry = self._kept.get(id(w))
@@ -390,23 +417,19 @@ class PassMemo(Generic[V]):
         if self._keeping:
             self._next[id(w)] = (w, value)
 
-    def carry(self, w: Wire) -> V | None:
-        """`get`, and kept for the next pass as it was, if found."""
-        entry = self._kept.get(id(w))
-        if entry is None or entry[0] is not w:
-            return None
-        if self._keeping:
-            self._next[id(w)] = entry
-        return entry[1]
-
-    def keep(self, wires: Iterable[Wire]) -> None:
-        """What the last pass kept of these, for the next: this one did not look."""
-        if not self._keeping:
-            return
-        for w in wires:
-            entry = self._kept.get(id(w))
-            if entry is not None and entry[0] is w:
-                self._next.setdefault(id(w), entry)
+    def carry(self, wires: list[Wire]) -> list[V | None]:
+        """`get` of each, and kept for the next pass as it was, where found (a list at once:
+        a pass carries every Job of the queue)."""
+        kept = self._kept
+        found = [
+            entry[1] if (entry := kept.get(id(w))) is not None and entry[0] is w else None
+            for w in wires
+        ]
+        if self._keeping and self._next is not kept:
+            for w, value in zip(wires, found, strict=True):
+                if value is not None:
+                    self._next[id(w)] = kept[id(w)]
+        return found
 
     def __len__(self) -> int:
         """How many values the next pass may look up."""
@@ -417,27 +440,30 @@ class PassMemo(Generic[V]):
 FREE: PassMemo[Key] = PassMemo()
 
 
-# A pending Job's Request, with the run-time history it was read with and the key of its
-# command there. A Job that names a GPUProfile is read again every pass.
-REQUESTS: PassMemo[tuple[dict[str, timedelta], placement.Request, str]] = PassMemo()
+# A pending Job's Request, with the run-time history and the pools' queue orders it was read
+# with, and the key of its command in that history. A Job that names a GPUProfile is read
+# again every pass.
+REQUESTS: PassMemo[tuple[dict[str, timedelta], Orders, placement.Request, str]] = PassMemo()
 
 
 def requests_of(wires: list[Wire], world: World) -> list[placement.Request]:
     """`request_of` each pending Job, reusing the last pass's Request of one unchanged (with
-    the run time the history gives it, read again every RUN_TIMES_TTL seconds)."""
+    the run time the history gives it, read again every RUN_TIMES_TTL seconds, and its place
+    among equal priorities, should its pool's queueOrder have changed)."""
     found = []
-    for w in wires:
-        kept = REQUESTS.carry(w)
-        if kept is not None and kept[0] is world.run_times:
-            request = ranked(kept[1], world)  # its pool may have changed its queueOrder
-        elif kept is not None:  # the run-time history was read again
-            request = ranked(_with_run_time(kept[1], kept[2], world), world)
-            REQUESTS.put(w, (world.run_times, request, kept[2]))
+    run_times, orders = world.run_times, world.orders
+    for w, kept in zip(wires, REQUESTS.carry(wires), strict=True):
+        if kept is not None and kept[0] is run_times and kept[1] is orders:
+            request = kept[2]
+        elif kept is not None:
+            request = ranked(_with_run_time(kept[2], kept[3], world), world)
+            REQUESTS.put(w, (run_times, orders, request, kept[3]))
         else:
             request = _request_or_invalid(w, world)
             spec = w["spec"]
             if not spec.get("resources", {}).get("profile"):
-                REQUESTS.put(w, (world.run_times, request, command_key(spec.get("command"))))
+                command = command_key(spec.get("command"))
+                REQUESTS.put(w, (run_times, orders, request, command))
         found.append(request)
     return found
 

@@ -239,7 +239,7 @@ def _plan(
     if aside.versions:
         pending = [w for w in pending if not aside.holds(w)]
     for memo in (reading.REQUESTS, reading.FREE, telling.TOLD):
-        memo.begin(len(pending))
+        memo.begin(len(pending), whole=head is None)
     by_key, held = _queued(reader, pending, now)
     eligible = list(by_key.values())
     if not eligible and not reader.any_queued_bindings():
@@ -258,8 +258,6 @@ def _plan(
         result = placement.plan(
             world.snapshot, requests, now, max_placements=limits.binds, head=head
         )
-    if result.untold:  # what they were told stands until a pass decides them
-        telling.TOLD.keep(by_key.values())
     foreign = any(g.foreign_memory for g in world.snapshot.gpus)
     pools = world.snapshot.pools
     on_metrics = any(_waits_on_metrics(d, pools, foreign) for d in result.decisions)
@@ -284,8 +282,7 @@ def _queued(
     by_key: dict[Key, Wire] = {}
     held: list[Wire] = []
     others: list[Wire] = []
-    for w in pending:
-        found = reading.FREE.carry(w)
+    for w, found in zip(pending, reading.FREE.carry(pending), strict=True):
         if found is None:
             others.append(w)
         else:

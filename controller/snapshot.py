@@ -8,6 +8,7 @@ them, the per-GPU state a pass keeps (`Slot`) and what it works out once per req
 from there.
 """
 
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,6 +108,30 @@ class Request:
     problem: tuple[str, str] | None = None  # (reason, message): it cannot be queued at all
     queued: Allocation | None = None  # its attempt bound ahead, which this pass may move
 
+    # Worked out once a Request: a pass orders every request of the queue and counts their
+    # shapes (depth.Tail), and keeps a Job's Request from pass to pass (reading.REQUESTS).
+
+    @functools.cached_property
+    def order(self) -> tuple[int, float, datetime, str, str]:
+        """`queue_key`."""
+        return queue.order_key(self.priority, self.created, self.name, self.namespace, self.length)
+
+    @functools.cached_property
+    def shape(self) -> tuple[object, ...]:
+        """What it asks of the GPUs of its pool: requests of one shape fare alike in a pass,
+        until capacity changes (`capacity.shape_of`)."""
+        return (
+            self.pool,
+            self.gpus,
+            self.gpu_memory,
+            self.gpu_model,
+            self.node,
+            self.allowed,
+            self.pinned,
+            self.nodes,
+            self.deadline,
+        )
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -169,9 +194,7 @@ def age_key(request: Request) -> tuple[int, float, datetime, str, str]:
 
 def queue_key(request: Request) -> tuple[int, float, datetime, str, str]:
     """The order `gctl get jobs -o wide` numbers the queue in, too (gctl.api.queue)."""
-    return queue.order_key(
-        request.priority, request.created, request.name, request.namespace, request.length
-    )
+    return request.order
 
 
 # -- the state of one pass ---------------------------------------------------------------------

@@ -107,6 +107,27 @@ def test_a_request_is_ranked_by_its_pools_queue_order_as_it_is_now() -> None:
     assert lengths("LongestFirst") == [-60.0, -math.inf]
 
 
+def test_a_pass_over_the_head_keeps_every_value_and_a_whole_pass_drops_those_it_missed() -> None:
+    """`PassMemo`: a pass that may decide only the head of the queue keeps the values of the
+    Jobs it did not look at (they are told nothing new); the next whole pass keeps only those
+    of the Jobs it read, and a new version of a Job (a new object) never finds its old value."""
+    memo: reading.PassMemo[str] = reading.PassMemo()
+    head, behind, gone = wire({}), wire({}), wire({})
+    memo.begin(3)
+    for w, value in ((head, "head"), (behind, "behind"), (gone, "gone")):
+        memo.put(w, value)
+
+    memo.begin(2, whole=False)  # `gone` left the queue; the pass reads `head` alone
+    assert memo.carry([head]) == ["head"]
+    memo.put(head, "head, told again")
+    memo.begin(2, whole=True)
+    assert memo.carry([head, behind, wire({})]) == ["head, told again", "behind", None]
+    assert len(memo) == 2  # `gone` dropped: the whole pass did not meet it
+    memo.begin(2)
+    assert memo.carry([gone]) == [None]
+    assert memo.get(head) == "head, told again"
+
+
 def said(message: str, position: int | None, start: datetime | None = None) -> dict[str, Any]:
     status: dict[str, Any] = {
         "conditions": [
