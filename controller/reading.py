@@ -300,7 +300,10 @@ def _recent_run_times(reader: store.Store) -> dict[str, timedelta]:
     read_at, found = _RUN_TIMES.get(key, (None, {}))
     clock = time.monotonic()
     if read_at is None or clock - read_at > RUN_TIMES_TTL:
-        found = _run_times(reader)
+        fresh = _run_times(reader)
+        # The same object while nothing changed: a Request kept from pass to pass is given a
+        # new run time (`requests_of`) only when its history changed.
+        found = found if fresh == found else fresh
         _RUN_TIMES[key] = (clock, found)
     return found
 

@@ -608,6 +608,33 @@ def test_the_head_of_the_queue_is_told_when_the_gpus_it_named_in_use_free(
     assert _waiting(_job(database, "bigger"))[1].endswith(": 3 in use")  # lags: not the head
 
 
+def test_a_run_time_history_read_again_unchanged_is_the_one_read_before(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Request kept from pass to pass is given a new run time only when the history it was
+    read with is another object (`reading.requests_of`): one read again and found unchanged
+    must be the very object read before, and one that changed a new one."""
+    monkeypatch.setattr(reading, "RUN_TIMES_TTL", -1.0)  # read again at every pass
+
+    def history() -> dict[str, timedelta]:
+        with database.read() as session:
+            return reading._recent_run_times(store.Store(session))
+
+    first = history()
+    assert history() is first
+    with database.write() as session:
+        writer = store.Store(session)
+        created = writer.create(make_job("done").command("python", "eval.py").build())
+        created.status.phase = "Succeeded"
+        created.status.start_time = T0 - timedelta(minutes=30)
+        created.status.completion_time = T0 - timedelta(minutes=20)
+        writer.update_status(created)
+    changed = history()
+    assert changed is not first
+    assert changed == {reading.command_key(["python", "eval.py"]): timedelta(minutes=10)}
+    assert history() is changed
+
+
 def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
     database: db.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
