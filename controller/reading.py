@@ -423,15 +423,20 @@ class PassMemo(Generic[V]):
     def carry(self, wires: list[Wire]) -> list[V | None]:
         """`get` of each, and kept for the next pass as it was, where found (a list at once:
         a pass carries every Job of the queue)."""
-        kept = self._kept
-        found = [
-            entry[1] if (entry := kept.get(id(w))) is not None and entry[0] is w else None
-            for w in wires
-        ]
-        if self._keeping and self._next is not kept:
-            for w, value in zip(wires, found, strict=True):
-                if value is not None:
-                    self._next[id(w)] = kept[id(w)]
+        kept, following = self._kept, self._next
+        if not self._keeping or following is kept:  # nothing to copy
+            return [
+                entry[1] if (entry := kept.get(id(w))) is not None and entry[0] is w else None
+                for w in wires
+            ]
+        found: list[V | None] = []
+        for w in wires:
+            entry = kept.get(key := id(w))
+            if entry is not None and entry[0] is w:
+                following[key] = entry
+                found.append(entry[1])
+            else:
+                found.append(None)
         return found
 
     def __len__(self) -> int:
