@@ -9,7 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
 import migrations
 from gctl.api import errors
@@ -34,12 +34,48 @@ def test_schema_head_constant_is_the_newest_migration() -> None:
     assert ScriptDirectory.from_config(_config()).get_current_head() == schema.HEAD
 
 
-def test_models_and_migrations_agree(fresh_url: str) -> None:
-    database = db.Database.open(fresh_url)
+def _schema(database: db.Database) -> dict[str, object]:
+    """Every table's columns (name, type, nullable; in any order), indexes and primary key,
+    and the rows of the tables the migrations seed."""
+    found: dict[str, object] = {}
     with database.engine.connect() as conn:
+        seen = inspect(conn)
+        for table in sorted(seen.get_table_names()):
+            columns = sorted(
+                (c["name"], str(c["type"]), c["nullable"]) for c in seen.get_columns(table)
+            )
+            indexes = sorted(
+                (i["name"] or "", tuple(i["column_names"]), bool(i["unique"]))
+                for i in seen.get_indexes(table)
+            )
+            found[table] = (columns, indexes, seen.get_pk_constraint(table)["constrained_columns"])
+        for table in ("revision", "alembic_version"):
+            found[f"{table} rows"] = conn.execute(text(f"SELECT * FROM {table}")).all()
+    return found
+
+
+def test_models_and_migrations_agree(fresh_url: str) -> None:
+    """The migrations make what the models declare; and a first use, which makes the schema
+    from the models (`Database.upgrade` on an empty database), makes what the migrations do,
+    rows they seed included."""
+    migrated = db.Database.open(fresh_url, migrate=False)
+    with migrated.engine.begin() as conn:
+        config = _config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+    with migrated.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
         assert compare_metadata(context, tables.Base.metadata) == []
-    database.close()
+    by_migrations = _schema(migrated)
+    with migrated.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "base")
+        conn.execute(text("DROP TABLE alembic_version"))
+    migrated.close()
+
+    made = db.Database.open(fresh_url)
+    assert _schema(made) == by_migrations
+    made.close()
 
 
 def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
