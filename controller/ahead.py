@@ -101,9 +101,7 @@ class BindingAhead(capacity.Capacity):
             def option(name: str, takeable: list[snapshot.Slot]) -> fitindex.Option | None:
                 return self._ahead_option(takeable, request, wanted, own_only=False)
 
-            index = self.indexes.index(
-                ("ahead", *self._shape(request, pool)), static.takeable, option
-            )
+            index = self.indexes.index(("ahead", *request.shape), static.takeable, option)
             best = next(self.indexes.best(index, []), None)
             return None if best is None else self._queue(request, best[0], best[1])
         options = []

@@ -124,9 +124,6 @@ class Capacity:
         towards deciding more)."""
         return self.idle == 0 and not self.partial
 
-    def _shape(self, request: snapshot.Request, pool: snapshot.Pool) -> tuple[object, ...]:
-        return shape_of(request, pool.name)
-
     def _place(self, request: snapshot.Request, found: snapshot.Fit) -> snapshot.Decision:
         share = request.gpus if request.gpus < 1 else 1.0
         ends = None if request.runtime is None else plus(self.now, request.runtime)
@@ -337,7 +334,7 @@ class Capacity:
         def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
             return self._option(name, slots, request, pool, wanted)
 
-        index = self.indexes.index(("fit", *self._shape(request, pool)), static.groups, option)
+        index = self.indexes.index(("fit", *request.shape), static.groups, option)
         popped: list[fitindex.Entry] = []
         found = self._choose(request, wanted, self.indexes.best(index, popped))
         for entry in popped:  # still as good as they were: the caller may not place it
@@ -391,13 +388,6 @@ def _pick(usable: Sequence[snapshot.Slot], wanted: int) -> tuple[list[snapshot.S
                 if len(group) == wanted:
                     return group, True
     return list(usable[:wanted]), False
-
-
-def shape_of(request: snapshot.Request, pool: str) -> tuple[object, ...]:
-    """What a request asks of the GPUs, in pool `pool`: requests of one shape fare alike in a
-    pass, until capacity changes (`Request.shape`, in a pool it may name otherwise)."""
-    shape = request.shape
-    return shape if shape[0] == pool else (pool, *shape[1:])
 
 
 def own_place(slot: snapshot.Slot, request: snapshot.Request) -> bool:

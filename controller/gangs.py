@@ -55,7 +55,7 @@ class GangPlanning(ahead.BindingAhead):
         def option(name: str, slots: list[snapshot.Slot]) -> fitindex.Option | None:
             return self._member_option(name, slots, request, pool)
 
-        index = self.indexes.index(("gang", *self._shape(request, pool)), static.groups, option)
+        index = self.indexes.index(("gang", *request.shape), static.groups, option)
         best = self.indexes.firsts(index, request.nodes)
         if len(best) < request.nodes:
             return None

@@ -192,7 +192,7 @@ class _Planner(gangs.GangPlanning):
             return pool
         if request.gpus == 0:
             return self._decide_cpu_only(request, pool)
-        shape = self._shape(request, pool)
+        shape = request.shape
         static = self._static(request, pool)
         if request.nodes > 1:
             return self._decide_gang(request, pool, static, shape)

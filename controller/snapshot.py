@@ -119,7 +119,7 @@ class Request:
     @functools.cached_property
     def shape(self) -> tuple[object, ...]:
         """What it asks of the GPUs of its pool: requests of one shape fare alike in a pass,
-        until capacity changes (`capacity.shape_of`)."""
+        until capacity changes (the planner's indexes and `depth.Tail` are kept by it)."""
         return (
             self.pool,
             self.gpus,
