@@ -27,7 +27,7 @@ from datetime import datetime
 
 from bench import jobs as job_benchmarks
 from bench.store import BenchError, Context, Result, progress
-from controller import jobs, placement, reading, scheduling
+from controller import jobs, pending, placement, reading, scheduling
 from gctl.api import binding, job, meta, node
 from gctl.store import db, store
 
@@ -101,9 +101,14 @@ def _stopping(database: db.Database) -> int:
     return sum(1 for a in attempts if a.spec.stop_reason)
 
 
+# The queue each database's controller would keep from pass to pass (`pending.Queue`).
+_KEPT: dict[str, pending.Queue] = {}
+
+
 def _timed_pass(database: db.Database, now: datetime) -> tuple[float, datetime | None]:
+    kept = _KEPT.setdefault(database.url, pending.Queue())
     start = time.perf_counter()
-    due = store.transact(database, lambda w: scheduling.schedule(w, now))
+    due = store.transact(database, lambda w: scheduling.schedule(w, now, kept=kept))
     return time.perf_counter() - start, due
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import jobs, nodes, outcomes, reading, scheduling, sweeps
+from controller import jobs, nodes, outcomes, pending, reading, scheduling, sweeps
 from gctl.api import binding, errors, failures, job, meta, node, sweep
 from gctl.store import db, events, feed, store
 
@@ -82,6 +82,7 @@ class Controller:
         self._dependents: dict[tuple[str, str], set[Key]] = {}
         self._passes: set[int] = set()  # revisions written by this controller's passes
         self._tail = scheduling.Tail(clock)  # when its passes last decided the whole queue
+        self._queue = pending.Queue()  # the pending Jobs, kept from pass to pass
         self._invalid: dict[Key, str] = {}  # objects set aside -> the version reported
         # and -> the generation and fault said: an agent's heartbeats write a Node that does
         # not validate (its status), each a new version, with nothing new to say
@@ -109,7 +110,9 @@ class Controller:
         aside = reading.SetAside(self._invalid)
         try:
             if key == SCHEDULE:  # its reads hold no writer back (scheduling.run)
-                due, revision = scheduling.run(self.db, now, aside=aside, tail=self._tail)
+                due, revision = scheduling.run(
+                    self.db, now, aside=aside, tail=self._tail, kept=self._queue
+                )
                 written[:] = [revision]
             else:
                 due = store.transact(self.db, work)

@@ -46,8 +46,6 @@ is `preemption`'s, and the checks and messages are `diagnosis`'s.
 """
 
 import bisect
-import heapq
-import operator
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -67,7 +65,6 @@ Pool = snapshot.Pool
 Request = snapshot.Request
 Snapshot = snapshot.Snapshot
 queue_key = snapshot.queue_key
-_ORDER = operator.attrgetter("order")  # queue_key, as each Request keeps it
 
 # The head of a pool's queue: Jobs at these positions get exact messages and, where it can be
 # told, an estimated start (each takes its place on a simulated timeline of the GPUs). Further
@@ -77,19 +74,19 @@ QUEUE_HEAD = 100
 
 def plan(
     snapshot: Snapshot,
-    requests: Iterable[Request],
+    requests: Iterable[Request] | depth.Ordered,
     now: datetime,
     max_placements: int | None = None,
     *,
     starts_only: bool = False,
     head: int | None = None,
 ) -> Plan:
-    """Decide every request, in queue order; stop after `max_placements` placements; with
-    `starts_only`, once a Job starts and no later request could start now (`depth.Rest`); with
-    `head`, once `head` requests are decided and no later one could change anything but what
-    it is told (`depth.Tail`)."""
-    ordered = queue_order(requests)
-    planner = _Planner(snapshot, now, [r.queued for r in ordered if r.queued is not None])
+    """Decide every request, in queue order (`queue_order`; given as `depth.Ordered`, as it
+    is); stop after `max_placements` placements; with `starts_only`, once a Job starts and no
+    later request could start now (`depth.Rest`); with `head`, once `head` requests are
+    decided and no later one could change anything but what it is told (`depth.Tail`)."""
+    ordered = requests if isinstance(requests, depth.Ordered) else depth.Ordered.of(requests)
+    planner = _Planner(snapshot, now, ordered.movable())
     rest = depth.Rest(ordered) if starts_only or head is not None else None
     tail = depth.Tail(ordered) if head is not None and len(ordered) > head else None
     decisions: list[Decision] = []
@@ -98,13 +95,15 @@ def plan(
     for i, request in enumerate(ordered):
         if max_placements is not None and placed >= max_placements:
             return Plan(decisions, complete=False)
-        if rest and planner.full() and rest.none_may_start(i, planner.priorities):
+        if rest and planner.full() and rest.none_may_start(request, planner.priorities):
             if starting and starts_only:
                 return Plan(decisions, undecided=len(ordered) - i)
             if tail and i >= (head or 0) and tail.settled(planner.exhausted):
                 return Plan(decisions, untold=len(ordered) - i)
+        if rest:
+            rest.take(request)
         if tail:
-            tail.take(i)
+            tail.take(request)
         decision = planner.decide(request)
         placed += changes(decision)
         starting = starting or (_starts(decision) and changes(decision))
@@ -120,19 +119,8 @@ def _starts(decision: Decision) -> bool:
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:
-    """The requests in the order a pass decides them: each pool's queue in its own order
-    (`queue_key`), the pools' queues merged by the priority, then the age, of the Job each has
-    first. So a LongestFirst pool's newer long Jobs go ahead of its own older ones but not ahead
-    of an older Job of a FIFO pool that shares their GPUs; with FIFO pools only, it is the
-    queue sorted by `queue_key`."""
-    pools: dict[str, list[Request]] = {}
-    for request in requests:
-        pools.setdefault(request.pool, []).append(request)
-    for waiting in pools.values():
-        waiting.sort(key=_ORDER)
-    if len(pools) == 1:
-        return next(iter(pools.values()))
-    return list(heapq.merge(*pools.values(), key=snapshot.age_key))
+    """The requests in the order a pass decides them (`depth.Ordered`)."""
+    return list(depth.Ordered.of(requests))
 
 
 def changes(decision: Decision) -> bool:

@@ -301,8 +301,8 @@ def _recent_run_times(reader: store.Store) -> dict[str, timedelta]:
     clock = time.monotonic()
     if read_at is None or clock - read_at > RUN_TIMES_TTL:
         fresh = _run_times(reader)
-        # The same object while nothing changed: a Request kept from pass to pass is given a
-        # new run time (`requests_of`) only when its history changed.
+        # The same object while nothing changed: the Requests a controller keeps from pass to
+        # pass are given new run times (`pending.Queue`) only when its history changed.
         found = found if fresh == found else fresh
         _RUN_TIMES[key] = (clock, found)
     return found
@@ -391,9 +391,9 @@ class PassMemo(Generic[V]):
     values are kept, and none when the queue is longer than the Store keeps decoded
     (`shared.MAX_KEPT`): its Jobs are then new objects at every pass, and keeping them would
     only hold a second copy of the queue. What a whole pass did not look at is lost to the
-    next unless it says so (`carry`); a pass that decides the head of the queue alone keeps
-    every value (`begin`). Passes of two controllers in one process (tests) may race on it:
-    that costs misses, never a wrong value."""
+    next; a pass that decides the head of the queue alone keeps every value (`begin`).
+    Passes of two controllers in one process (tests) may race on it: that costs misses, never
+    a wrong value."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Wire, V]] = {}  # of the pass before
@@ -403,9 +403,9 @@ class PassMemo(Generic[V]):
     def begin(self, pending: int, *, whole: bool = True) -> None:
         """A pass over `pending` stored Jobs starts: what the last one kept is looked up. One
         that may decide only the head of the queue (not `whole`) keeps every value for the
-        next, those it did not look at too, in the one dict (so `carry` copies nothing); a
-        Job that left the queue meanwhile keeps its value (its wire is never read again)
-        until the next whole pass, which drops it."""
+        next, those it did not look at too, in the one dict; a Job that left the queue
+        meanwhile keeps its value (its wire is never read again) until the next whole pass,
+        which drops it."""
         self._keeping = pending <= shared.MAX_KEPT
         if whole or not self._keeping:
             self._kept, self._next = self._next, {}
@@ -420,63 +420,12 @@ class PassMemo(Generic[V]):
         if self._keeping:
             self._next[id(w)] = (w, value)
 
-    def carry(self, wires: list[Wire]) -> list[V | None]:
-        """`get` of each, and kept for the next pass as it was, where found (a list at once:
-        a pass carries every Job of the queue)."""
-        kept, following = self._kept, self._next
-        if not self._keeping or following is kept:  # nothing to copy
-            return [
-                entry[1] if (entry := kept.get(id(w))) is not None and entry[0] is w else None
-                for w in wires
-            ]
-        found: list[V | None] = []
-        for w in wires:
-            entry = kept.get(key := id(w))
-            if entry is not None and entry[0] is w:
-                following[key] = entry
-                found.append(entry[1])
-            else:
-                found.append(None)
-        return found
-
     def __len__(self) -> int:
         """How many values the next pass may look up."""
         return len(self._next)
 
 
-# A pending Job that nothing may hold back as stored (`queue.may_hold`), by its key.
-FREE: PassMemo[Key] = PassMemo()
-
-
-# A pending Job's Request, with the run-time history and the pools' queue orders it was read
-# with, and the key of its command in that history. A Job that names a GPUProfile is read
-# again every pass.
-REQUESTS: PassMemo[tuple[dict[str, timedelta], Orders, placement.Request, str]] = PassMemo()
-
-
-def requests_of(wires: list[Wire], world: World) -> list[placement.Request]:
-    """`request_of` each pending Job, reusing the last pass's Request of one unchanged (with
-    the run time the history gives it, read again every RUN_TIMES_TTL seconds, and its place
-    among equal priorities, should its pool's queueOrder have changed)."""
-    found = []
-    run_times, orders = world.run_times, world.orders
-    for w, kept in zip(wires, REQUESTS.carry(wires), strict=True):
-        if kept is not None and kept[0] is run_times and kept[1] is orders:
-            request = kept[2]
-        elif kept is not None:
-            request = ranked(_with_run_time(kept[2], kept[3], world), world)
-            REQUESTS.put(w, (run_times, orders, request, kept[3]))
-        else:
-            request = _request_or_invalid(w, world)
-            spec = w["spec"]
-            if not spec.get("resources", {}).get("profile"):
-                command = command_key(spec.get("command"))
-                REQUESTS.put(w, (run_times, orders, request, command))
-        found.append(request)
-    return found
-
-
-def _with_run_time(request: placement.Request, command: str, world: World) -> placement.Request:
+def with_run_time(request: placement.Request, command: str, world: World) -> placement.Request:
     """The Request with the run time the history gives it now (`request_of`)."""
     if request.deadline:
         return request
@@ -567,7 +516,7 @@ def queued_requests(
         token = w["metadata"].get("annotations", {}).get(job.ANNOTATION_RERUN)
         if token and token != w["status"].get("rerun"):
             continue  # to be re-run: its reconcile withdraws the attempt
-        request = _request_or_invalid(w, world)
+        request = request_or_invalid(w, world)
         found.append((dataclasses.replace(request, queued=allocation), w))
     return found
 
@@ -581,7 +530,7 @@ def raise_invalid(wires: list[Wire]) -> None:
         stored.validated(job.Job, w, strict=True)
 
 
-def _request_or_invalid(w: Wire, world: World) -> placement.Request:
+def request_or_invalid(w: Wire, world: World) -> placement.Request:
     """`request_of`; where a malformed Job makes it fail, StoredInvalid naming the Job."""
     try:
         return request_of(w, world)

@@ -30,12 +30,12 @@ next pass is due (`_write`).
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controller import placement, reading, telling, writing
-from gctl.api import errors, job, queue
+from controller import pending, placement, reading, telling, writing
+from gctl.api import errors, job
 from gctl.store import bulk, db, store
 
 Wire = reading.Wire
@@ -130,6 +130,8 @@ def schedule(
     limits: Limits = LIMITS,
     aside: reading.SetAside | None = None,
     tail: Tail | None = None,
+    *,
+    kept: pending.Queue | None = None,
 ) -> datetime | None:
     """One pass in one transaction; returns when the next one is due: `now` when work was
     left for it (`now + FOLLOW_UP` when the pass started Jobs and left the rest), else when
@@ -138,7 +140,7 @@ def schedule(
     are left out (`reading.SetAside`): a Job that fails as the pass writes it raises
     StoredInvalid, and the next pass, given it in `aside.versions`, leaves it out too."""
     aside = aside if aside is not None else reading.SetAside()
-    return _told(tail, *_locked_pass(writer, now, limits, aside, tail))
+    return _told(tail, *_locked_pass(writer, now, limits, aside, tail, kept=kept))
 
 
 def _locked_pass(
@@ -147,11 +149,13 @@ def _locked_pass(
     limits: Limits,
     aside: reading.SetAside,
     tail: Tail | None,
+    *,
+    kept: pending.Queue | None,
 ) -> tuple["_Planned", "Written"]:
     """A pass that reads, plans and writes under the scheduling lock."""
     with bulk.collector_paused():  # some hundred thousand objects over 10,000 pending Jobs
         writer.lock_scheduling()
-        planned = _plan(writer, now, limits, aside, tail)
+        planned = _plan(writer, now, limits, aside, tail, kept=kept)
         return planned, _write(writer, planned, now, limits)
 
 
@@ -161,6 +165,8 @@ def run(
     limits: Limits = LIMITS,
     aside: reading.SetAside | None = None,
     tail: Tail | None = None,
+    *,
+    kept: pending.Queue | None = None,
 ) -> tuple[datetime | None, int | None]:
     """The controller's pass: as `schedule`, and the revision it wrote at, if it wrote.
 
@@ -180,7 +186,7 @@ def run(
                 with database.read() as session:
                     reader = store.Store(session)
                     since = reader.current_revision()
-                    planned = _plan(reader, now, limits, aside, tail)
+                    planned = _plan(reader, now, limits, aside, tail, kept=kept)
                 try:
                     with database.write() as session:
                         writer = store.Store(session)
@@ -195,7 +201,7 @@ def run(
 
     def locked(writer: store.Store) -> tuple[_Planned, Written]:
         aside.found.clear()  # of an earlier try
-        found = _locked_pass(writer, now, limits, aside, tail)
+        found = _locked_pass(writer, now, limits, aside, tail, kept=kept)
         written[0] = writer.written_revision
         return found
 
@@ -219,7 +225,7 @@ class _Planned:
 
     held: list[Wire]
     decisions: list[placement.Decision]
-    by_key: dict[Key, Wire]
+    by_key: MutableMapping[Key, Wire]
     world: reading.World | None
     complete: bool = True
     on_metrics: bool = False  # a Job waits on what the GPUs report (`METRICS_RECHECK`)
@@ -233,30 +239,26 @@ def _plan(
     limits: Limits,
     aside: reading.SetAside,
     tail: Tail | None = None,
+    *,
+    kept: pending.Queue | None = None,
 ) -> _Planned:
     head = tail.head() if tail is not None else None
-    pending = reader.pending_wires()
-    if aside.versions:
-        pending = [w for w in pending if not aside.holds(w)]
-    for memo in (reading.REQUESTS, reading.FREE, telling.TOLD):
-        memo.begin(len(pending), whole=head is None)
-    by_key, held = _queued(reader, pending, now)
-    eligible = list(by_key.values())
-    if not eligible and not reader.any_queued_bindings():
+    waiting = kept if kept is not None else pending.Queue()
+    waiting.read(reader, aside, whole=head is None)
+    telling.TOLD.begin(len(waiting), whole=head is None)
+    others, held = waiting.hold_back(reader, now)
+    if not waiting.by_key and not others and not reader.any_queued_bindings():
         return _Planned(held, [], {}, None)
     world = reading.read_world(reader, aside)
-    requests = reading.requests_of(eligible, world)
-    for request, w in reading.queued_requests(world, aside):
-        by_key[reading.key(w)] = w
-        requests.append(request)
+    ordered, by_key = waiting.ordered(world, others, reading.queued_requests(world, aside))
     result = placement.plan(
-        world.snapshot, requests, now, max_placements=limits.binds, starts_only=True, head=head
+        world.snapshot, ordered, now, max_placements=limits.binds, starts_only=True, head=head
     )
     if result.undecided and not writing.starts(result.decisions, world):
         # Its one start is held back (an armed attempt asked back is still on its GPUs): the
         # pass writes as one that starts nothing.
         result = placement.plan(
-            world.snapshot, requests, now, max_placements=limits.binds, head=head
+            world.snapshot, ordered, now, max_placements=limits.binds, head=head
         )
     foreign = any(g.foreign_memory for g in world.snapshot.gpus)
     pools = world.snapshot.pools
@@ -271,38 +273,6 @@ def _plan(
         result.undecided,
         result.untold,
     )
-
-
-def _queued(
-    reader: store.Store, pending: list[Wire], now: datetime
-) -> tuple[dict[Key, Wire], list[Wire]]:
-    """The pending Jobs in the queue, by key, and those held back (`queue.held`). The Jobs a
-    pass found nothing could hold back, as stored (most of a long queue), are looked up
-    (`reading.FREE`); the others are read."""
-    by_key: dict[Key, Wire] = {}
-    held: list[Wire] = []
-    others: list[Wire] = []
-    for w, found in zip(pending, reading.FREE.carry(pending), strict=True):
-        if found is None:
-            others.append(w)
-        else:
-            by_key[found] = w
-    # A malformed Job fails here as one that does not validate, to be set aside: `strict`, as
-    # the CLI's reading (which leaves it out of the queue) is not.
-    try:
-        succeeded = reading.succeeded_dependencies(reader, others)
-        for w in others:
-            if queue.held(w, now, succeeded, strict=True):
-                held.append(w)
-                continue
-            found = reading.key(w)
-            by_key[found] = w
-            if not queue.may_hold(w):
-                reading.FREE.put(w, found)
-    except Exception:
-        reading.raise_invalid(others)
-        raise
-    return by_key, held
 
 
 # What a pass's writes left: when the next pass is due, and whether it decided and told the

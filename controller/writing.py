@@ -12,7 +12,7 @@ What the pass may still write is its `Budget` (`scheduling.Limits`); what it lea
 pass's.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -66,7 +66,7 @@ class Budget:
 def apply(
     writer: store.Store,
     decisions: list[placement.Decision],
-    by_key: dict[Key, Wire],
+    by_key: MutableMapping[Key, Wire],
     world: reading.World,
     now: datetime,
     *,
@@ -152,7 +152,7 @@ def _starting(placed: list[placement.Decision]) -> bool:
 
 
 def _more_to_write(
-    decisions: list[placement.Decision], by_key: dict[Key, Wire], now: datetime
+    decisions: list[placement.Decision], by_key: MutableMapping[Key, Wire], now: datetime
 ) -> bool:
     """Whether the pass left a Job bound ahead or a waiting Job to tell for the next."""
     return any(
@@ -247,7 +247,7 @@ def _takers(decisions: list[placement.Decision]) -> dict[tuple[str, int], placem
 def _give_up_places(
     writer: store.Store,
     giving_up: list[placement.Decision],
-    by_key: dict[Key, Wire],
+    by_key: MutableMapping[Key, Wire],
     world: reading.World,
     now: datetime,
     *,
@@ -272,7 +272,7 @@ def _give_up_places(
 def _waits_again(
     writer: store.Store,
     d: placement.Decision,
-    by_key: dict[Key, Wire],
+    by_key: MutableMapping[Key, Wire],
     now: datetime,
     takers: dict[tuple[str, int], placement.Request],
 ) -> None:
@@ -464,7 +464,7 @@ def members_of(
 def _preempt(
     writer: store.Store,
     preempting: list[placement.Decision],
-    by_key: dict[Key, Wire],
+    by_key: MutableMapping[Key, Wire],
     world: reading.World,
     budget: Budget,
 ) -> bool:

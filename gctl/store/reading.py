@@ -124,6 +124,16 @@ class Reads(revisions.Revisions):
         order = (table.c.priority.desc(), table.c.created_at, table.c.name)
         return shared.wires(self.execute, job.Job, [table.c.phase == "Pending"], order)
 
+    def pending_wires_of(self, uids: Sequence[str]) -> list[dict[str, Any]]:
+        """`pending_wires` among these Jobs (by uid), in no order."""
+        table = tables.table_of(job.Job.KIND)
+        found: list[dict[str, Any]] = []
+        for start in range(0, len(uids), shared.CHUNK):
+            chunk = uids[start : start + shared.CHUNK]
+            where = [table.c.phase == "Pending", table.c.uid.in_(chunk)]
+            found.extend(shared.wires(self.execute, job.Job, where, ()))
+        return found
+
     def shared_wires(
         self, cls: type[meta.Resource], namespace: str, names: Sequence[str]
     ) -> list[dict[str, Any]]:

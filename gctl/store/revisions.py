@@ -137,6 +137,18 @@ class Revisions:
         )
         return self.execute(query).first() is not None
 
+    def changed_uids(self, kind: str, revision: int, limit: int) -> list[str] | None:
+        """The uids of the objects of a kind written after `revision`, as the change feed
+        tells (deleted ones too); None when there are more than `limit`."""
+        query = (
+            select(_CHANGES.c.uid)
+            .where(_CHANGES.c.revision > revision, _CHANGES.c.kind == kind)
+            .distinct()
+            .limit(limit + 1)
+        )
+        found = list(self.execute(query).scalars())
+        return None if len(found) > limit else found
+
     def changes_since(
         self,
         revision: int,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from controller import jobs, placement, reading, scheduling, telling, writing
+from controller import jobs, placement, reading, scheduling, writing
 from gctl.api import binding, errors, job, meta, node, pool, profile, queue
-from gctl.store import db, shared, store, tables
+from gctl.store import db, store, tables
 from tests.builders import make_job, put_ready_node, report_attempt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -557,7 +557,7 @@ def _cordon(database: db.Database, name: str, gpus: list[int]) -> None:
 
 def test_a_waiting_job_is_decided_anew_when_it_or_the_gpus_change(database: db.Database) -> None:
     """Passes reuse what they read of a waiting Job and what it was told while neither changed
-    (`reading.REQUESTS`, `telling.TOLD`): a change to either must still reach it."""
+    (`pending.Queue`, `telling.TOLD`): a change to either must still reach it."""
     with database.write() as session:
         writer = store.Store(session)
         _without_binding_ahead(writer)
@@ -612,7 +612,7 @@ def test_a_run_time_history_read_again_unchanged_is_the_one_read_before(
     database: db.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Request kept from pass to pass is given a new run time only when the history it was
-    read with is another object (`reading.requests_of`): one read again and found unchanged
+    read with is another object (`pending.Queue`): one read again and found unchanged
     must be the very object read before, and one that changed a new one."""
     monkeypatch.setattr(reading, "RUN_TIMES_TTL", -1.0)  # read again at every pass
 
@@ -633,25 +633,6 @@ def test_a_run_time_history_read_again_unchanged_is_the_one_read_before(
     assert changed is not first
     assert changed == {reading.command_key(["python", "eval.py"]): timedelta(minutes=10)}
     assert history() is changed
-
-
-def test_a_queue_longer_than_the_store_keeps_is_not_kept_between_passes(
-    database: db.Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Beyond `shared.MAX_KEPT` the stored Jobs are new objects at every pass: keeping what a
-    pass read of them would only hold a second copy of the queue (queue-depth-100k's RSS)."""
-    with database.write() as session:
-        writer = store.Store(session)
-        _without_binding_ahead(writer)
-        _node(writer, "n1", 1)
-        for i in range(3):
-            writer.create(make_job(f"j{i}").build())
-    _schedule(database)
-    assert len(reading.REQUESTS) == 3  # the Jobs the pass read
-    monkeypatch.setattr(shared, "MAX_KEPT", 1)
-    _schedule(database, T0 + timedelta(minutes=1))
-    assert not reading.REQUESTS
-    assert not telling.TOLD
 
 
 def _report_gpu(database: db.Database, name: str, **fields: Any) -> None:

@@ -1,7 +1,6 @@
 """The scheduling pass's pure parts: a stored Job read as a placement request (its profile
 applied), and whether what a waiting Job's status says is stale enough to write."""
 
-import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -92,21 +91,6 @@ def test_a_deadline_of_a_year_is_still_read() -> None:
     assert reading.allocation_of(running, owner, {}).ends == T0 + timedelta(days=365)
 
 
-def test_a_request_is_ranked_by_its_pools_queue_order_as_it_is_now() -> None:
-    """The Request a pass keeps for an unchanged Job takes the order its pool has now."""
-    jobs = [wire({"activeDeadlineSeconds": 60}), wire({})]
-
-    def lengths(order: str) -> list[float]:
-        pools = {"default": placement.Pool(queue_order=order)}
-        shot = reading.World(placement.Snapshot([], [], pools), {}, {}, {}, RUN_TIMES)
-        reading.REQUESTS.begin(len(jobs))
-        return [r.length for r in reading.requests_of(jobs, shot)]
-
-    assert lengths("LongestFirst") == [-60.0, -math.inf]
-    assert lengths("FIFO") == [0.0, 0.0]
-    assert lengths("LongestFirst") == [-60.0, -math.inf]
-
-
 def test_a_pass_over_the_head_keeps_every_value_and_a_whole_pass_drops_those_it_missed() -> None:
     """`PassMemo`: a pass that may decide only the head of the queue keeps the values of the
     Jobs it did not look at (they are told nothing new); the next whole pass keeps only those
@@ -118,14 +102,19 @@ def test_a_pass_over_the_head_keeps_every_value_and_a_whole_pass_drops_those_it_
         memo.put(w, value)
 
     memo.begin(2, whole=False)  # `gone` left the queue; the pass reads `head` alone
-    assert memo.carry([head]) == ["head"]
+    assert memo.get(head) == "head"
     memo.put(head, "head, told again")
-    memo.begin(2, whole=True)
-    assert memo.carry([head, behind, wire({})]) == ["head, told again", "behind", None]
+    memo.begin(2, whole=True)  # reads both, and keeps what it found (`telling.told`)
+    for w in (head, behind):
+        found = memo.get(w)
+        assert found is not None
+        memo.put(w, found)
+    assert memo.get(wire({})) is None
     assert len(memo) == 2  # `gone` dropped: the whole pass did not meet it
     memo.begin(2)
-    assert memo.carry([gone]) == [None]
+    assert memo.get(gone) is None
     assert memo.get(head) == "head, told again"
+    assert memo.get(behind) == "behind"
 
 
 def said(message: str, position: int | None, start: datetime | None = None) -> dict[str, Any]:

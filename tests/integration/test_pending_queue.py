@@ -1,0 +1,237 @@
+"""The queue a controller keeps from pass to pass (`pending.Queue`), against a real database:
+brought up to date from the change feed, it must say what reading the whole queue says."""
+
+import random
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller import pending, placement, reading, scheduling, telling
+from gctl.api import job, meta, pool, profile
+from gctl.store import db, shared, store
+from tests.builders import make_job, put_ready_node
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _what(kept: pending.Queue, reader: store.Store, now: datetime) -> dict[str, Any]:
+    """Everything a pass takes from the queue."""
+    world = reading.read_world(reader)
+    others, held = kept.hold_back(reader, now)
+    ordered, by_key = kept.ordered(world, others, reading.queued_requests(world))
+    requests = list(ordered)
+    return {
+        "order": [(r.namespace, r.name, r.order, r.shape, r.runtime, r.problem) for r in requests],
+        "size": len(ordered),
+        "must": ordered.must,
+        "shapes": +Counter(ordered.shapes),
+        "examples": {s: ordered.examples[s].shape for s in +Counter(ordered.shapes) if s},
+        "movable": ordered.movable(),
+        "by_key": {k: by_key[k]["metadata"]["resourceVersion"] for k in by_key},
+        "held": sorted(reading.key(w) for w in held),
+    }
+
+
+def _compare(database: db.Database, kept: pending.Queue, now: datetime) -> dict[str, Any]:
+    """The kept queue, read from the feed, against a new one that reads it all."""
+    with database.read() as session:
+        reader = store.Store(session)
+        kept.read(reader, reading.SetAside(), whole=False)
+        found = _what(kept, reader, now)
+        fresh = pending.Queue()
+        fresh.read(reader, reading.SetAside(), whole=True)
+        assert found == _what(fresh, reader, now)
+    return found
+
+
+def _setup(writer: store.Store) -> None:
+    put_ready_node(writer, "n1", 2, T0)
+    writer.create(
+        pool.GPUPool(
+            metadata=meta.ObjectMeta(name="lpt"),
+            spec=pool.GPUPoolSpec(queue_order="LongestFirst", bind_ahead=False),
+        )
+    )
+    writer.create(
+        profile.GPUProfile(metadata=meta.ObjectMeta(name="p"), spec=profile.GPUProfileSpec(gpus=2))
+    )
+
+
+def _new_job(rng: random.Random, name: str, names: list[str]) -> job.Job:
+    built = make_job(name).priority(rng.choice((0, 1, 5))).gpus(rng.choice((1, 2, 0, 0.5)))
+    spec = built.spec
+    if rng.random() < 0.4:
+        spec["pool"] = "lpt"
+    if rng.random() < 0.3:
+        spec["activeDeadlineSeconds"] = rng.choice((60, 600))
+    if rng.random() < 0.15 and names:
+        spec["dependsOn"] = [rng.choice(names)]
+    if rng.random() < 0.1:
+        spec["suspend"] = True
+    if rng.random() < 0.1:
+        spec["resources"] = {"profile": rng.choice(("p", "missing"))}
+    if rng.random() < 0.2:
+        spec["command"] = ["python", "train.py"]
+    return built.build()
+
+
+def _change(rng: random.Random, writer: store.Store, names: list[str], serial: list[int]) -> None:
+    """One random write a queue sees: a Job created, deleted, told why it waits, given a new
+    priority, bound, ended, sent back to the queue, put in back-off or (un)suspended."""
+    choice = rng.random()
+    if choice < 0.3 or not names:
+        serial[0] += 1
+        name = f"j{serial[0]:03d}"
+        writer.create(_new_job(rng, name, names))
+        names.append(name)
+        return
+    name = rng.choice(names)
+    found = writer.get(job.Job, name, "default")
+    if choice < 0.4:
+        writer.delete(job.Job, name, "default")
+        names.remove(name)
+    elif choice < 0.55:
+        meta.set_condition(
+            found.status.conditions, "Scheduled", "False", "Unschedulable", f"{rng.random()}"
+        )
+        writer.update_status(found)
+    elif choice < 0.65:
+        found.spec.priority = rng.choice((0, 1, 5, 9))
+        writer.update(found)
+    elif choice < 0.8:
+        found.status.phase = rng.choice(("Scheduled", "Succeeded", "Pending", "Failed"))
+        writer.update_status(found)
+    elif choice < 0.9:
+        found.status.retry_after = T0 + timedelta(seconds=rng.choice((-10, 10)))
+        writer.update_status(found)
+    else:
+        found.spec.suspend = not found.spec.suspend
+        writer.update(found)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_queue_kept_from_the_feed_says_what_reading_it_all_says(
+    database: db.Database, seed: int
+) -> None:
+    """Random writes, a few at a time: after each batch the kept queue, brought up to date
+    from the change feed, gives a pass the same requests in the same order, the same counts,
+    Jobs and held-back Jobs as a queue that reads every pending Job."""
+    rng = random.Random(seed)
+    with database.write() as session:
+        _setup(store.Store(session))
+    kept = pending.Queue()
+    names: list[str] = []
+    serial = [0]
+    sizes = []
+    for _ in range(40):
+        with database.write() as session:
+            writer = store.Store(session)
+            for _ in range(rng.randint(1, 6)):
+                _change(rng, writer, names, serial)
+        sizes.append(_compare(database, kept, T0)["size"])
+    assert max(sizes) > 10  # the queue it compared was not trivially short
+
+
+def test_many_writes_at_once_read_the_queue_anew(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `MAX_CHANGES` Jobs written since its last read, the queue is read in full."""
+    monkeypatch.setattr(pending, "MAX_CHANGES", 3)
+    with database.write() as session:
+        writer = store.Store(session)
+        _setup(writer)
+        writer.create_many([make_job(f"a{i}").build() for i in range(2)])
+    kept = pending.Queue()
+    _compare(database, kept, T0)
+    with database.write() as session:
+        store.Store(session).create_many([make_job(f"b{i}").build() for i in range(5)])
+    assert _compare(database, kept, T0)["size"] == 7
+
+
+def test_a_request_is_ranked_by_its_pools_queue_order_as_it_is_now(database: db.Database) -> None:
+    """The Requests a controller keeps take the order their pool has now."""
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.create(pool.GPUPool(metadata=meta.ObjectMeta(name="default")))
+        for name, limit in (("short", 60), ("long", 600)):
+            limited = make_job(name).build()
+            limited.spec.active_deadline_seconds = limit
+            writer.create(limited)
+    kept = pending.Queue()
+
+    def order(queue_order: str) -> list[str]:
+        with database.write() as session:
+            writer = store.Store(session)
+            found = writer.get(pool.GPUPool, "default")
+            if found.spec.queue_order != queue_order:
+                found.spec.queue_order = queue_order
+                writer.update(found)
+        with database.read() as session:
+            reader = store.Store(session)
+            kept.read(reader, reading.SetAside(), whole=False)
+            world = reading.read_world(reader)
+            others, _ = kept.hold_back(reader, T0)
+            ordered, _ = kept.ordered(world, others, [])
+            return [r.name for r in ordered]
+
+    assert order("LongestFirst") == ["long", "short"]
+    assert order("FIFO") == ["short", "long"]
+    assert order("LongestFirst") == ["long", "short"]
+
+
+def test_a_queue_longer_than_the_store_keeps_is_read_anew_in_one_copy(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beyond `shared.MAX_KEPT` the stored Jobs are new objects at every whole read: the queue
+    keeps nothing of the last one while it reads the next, so that one copy of the queue is
+    held, not two (queue-depth-100k's RSS); and what passes were told is not kept."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 1, T0)
+        writer.create(
+            pool.GPUPool(
+                metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
+            )
+        )
+        for i in range(3):
+            writer.create(make_job(f"j{i}").build())
+    kept = pending.Queue()
+
+    def schedule(now: datetime) -> list[placement.Request]:
+        store.transact(database, lambda w: scheduling.schedule(w, now, kept=kept))
+        with database.read() as session:
+            reader = store.Store(session)
+            kept.read(reader, reading.SetAside(), whole=False)  # the pass's own writes
+            others, _ = kept.hold_back(reader, now)
+            ordered, _ = kept.ordered(reading.read_world(reader), others, [])
+            return list(ordered)
+
+    first = schedule(T0)
+    assert len(first) == 2  # one of three started
+    assert [id(r) for r in schedule(T0 + timedelta(minutes=1))] == [id(r) for r in first]
+    monkeypatch.setattr(shared, "MAX_KEPT", 1)
+    again = schedule(T0 + timedelta(minutes=2))
+    assert [r.name for r in again] == [r.name for r in first]
+    assert not {id(r) for r in again} & {id(r) for r in first}
+    assert not telling.TOLD
+
+
+def test_a_database_behind_the_revision_read_last_is_read_anew(
+    database: db.Database, tmp_path: Any
+) -> None:
+    """A queue that finds the database's revision behind the one it read last (another
+    database, or one restored from a backup) cannot trust the feed: it reads it all."""
+    for i in range(5):  # at revisions 1 to 5
+        with database.write() as session:
+            store.Store(session).create(make_job(f"a{i}").build())
+    kept = pending.Queue()
+    assert _compare(database, kept, T0)["size"] == 5
+    other = db.Database.open(f"sqlite:///{tmp_path}/other.db")
+    try:
+        with other.write() as session:
+            store.Store(session).create(make_job("b").build())
+        assert [r[1] for r in _compare(other, kept, T0)["order"]] == ["b"]
+    finally:
+        other.close()
