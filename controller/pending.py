@@ -2,7 +2,7 @@
 
 A pass decides the head of the queue, and with every GPU busy that is all it decides; but it
 read the whole queue to find the head: every pending Job, whether each may be held back, its
-Request, the queue's order and what kinds of request are left (about 4.5 us a Job, 45 ms a pass
+Request, the queue's order and what kinds of request are left (about 4.5 us a Job, 42 ms a pass
 behind 10,000). `Queue` keeps all of that between passes and brings it up to date from the
 change feed: a pass asks which Jobs were written since the revision it last read (the
 `changes` table, `Store.changed_uids`), reads those that are still pending, and moves them in
@@ -10,9 +10,11 @@ or out of each pool's sorted list. So a pass over the head costs what changed, a
 heaps of pending workloads do. It is a cache of the database, never a second truth: a
 controller that starts has an empty one; a pass that decides the whole queue reads the queue
 in full and keeps only what it found the same (the very objects the Store's shared read gives
-an unchanged row, `shared`); so do a pass after more than `MAX_CHANGES` Jobs were written, and
-one whose set-aside Jobs changed. A hand edit of a row, which writes nothing to the feed, is
-thus seen by the next whole pass (at least once a second with a Tail).
+an unchanged row, `shared`); so do a pass after more than `MAX_CHANGES` Jobs were written, one
+whose set-aside Jobs changed, and one that finds the database behind the revision it read
+last. A hand edit of a row that moves its resource_version (as a running controller needs
+anyway: `shared`), which writes nothing to the feed, is thus seen by the next whole pass
+(every second or few with a Tail).
 
 What a Job is read as:
 - free: nothing may hold it back as stored (`queue.may_hold`: not suspended, deleted, in

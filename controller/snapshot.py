@@ -108,8 +108,8 @@ class Request:
     problem: tuple[str, str] | None = None  # (reason, message): it cannot be queued at all
     queued: Allocation | None = None  # its attempt bound ahead, which this pass may move
 
-    # Worked out once a Request: a pass orders every request of the queue and counts their
-    # shapes (depth.Tail), and keeps a Job's Request from pass to pass (reading.REQUESTS).
+    # Worked out once a Request: the controller keeps each Job's Request from pass to pass in
+    # its pool's sorted list, and counts their shapes (pending.Queue, depth.Tail).
 
     @functools.cached_property
     def order(self) -> tuple[int, float, datetime, str, str]:
