@@ -72,8 +72,10 @@ class Queue:
         self._unbuilt: dict[str, _Entry] = {}  # uid -> free Jobs whose Request is to be built
         self.by_key: dict[Key, Wire] = {}  # the free Jobs
         self._sorted: dict[str, list[Request]] = {}  # pool -> its free Jobs' Requests, in order
-        self._added: list[Request] = []  # to go into `_sorted`
-        self._removed: list[Request] = []  # to come out of it
+        # Requests to go into `_sorted` (by identity) and to come out of it, by the next pass
+        # that orders the queue: a pass may read and fail before it does
+        self._added: dict[int, Request] = {}
+        self._removed: list[Request] = []
         self._shapes: Counter[depth.Shape] = Counter()  # of the free Jobs' Requests
         self._examples: dict[depth.Shape, Request] = {}
         self._must = 0  # free Jobs' Requests that `depth.must_decide`
@@ -167,21 +169,23 @@ class Queue:
         if not entry.free:
             del self._others[entry.uid]
             return
-        del self.by_key[entry.key]
+        if self.by_key.get(entry.key) is entry.wire:  # not the Job made anew under its name
+            del self.by_key[entry.key]
         if entry.request is None:
             del self._unbuilt[entry.uid]
         else:
             self._remove(entry.request)
 
     def _add(self, request: Request) -> None:
-        self._added.append(request)
+        self._added[id(request)] = request
         shape = depth.shape_of(request)
         self._shapes[shape] += 1
         self._examples.setdefault(shape, request)
         self._must += depth.must_decide(request)
 
     def _remove(self, request: Request) -> None:
-        self._removed.append(request)
+        if self._added.pop(id(request), None) is None:  # in `_sorted` already
+            self._removed.append(request)
         shape = depth.shape_of(request)
         self._shapes[shape] -= 1
         if not self._shapes[shape]:
@@ -260,7 +264,7 @@ class Queue:
 
     def _rerank(self, world: reading.World) -> None:
         """Every kept Request with the run time and rank the world gives it now, in order."""
-        self._sorted, self._added, self._removed = {}, [], []
+        self._sorted, self._added, self._removed = {}, {}, []
         self._shapes, self._examples, self._must = Counter(), {}, 0
         for entry in self._entries.values():
             if entry.request is None:
@@ -274,10 +278,10 @@ class Queue:
     def _edit(self) -> None:
         """The Requests added and removed since the last pass, into and out of `_sorted`: one
         by one where few, else each pool's list filtered and sorted again."""
-        added, removed = self._added, self._removed
+        added, removed = list(self._added.values()), self._removed
         if not added and not removed:
             return
-        self._added, self._removed = [], []
+        self._added, self._removed = {}, []
         if len(added) + len(removed) > MAX_EDITS:
             gone = {id(r) for r in removed}
             pools = {r.pool for r in added} | {r.pool for r in removed}

@@ -246,11 +246,15 @@ def _plan(
     waiting = kept if kept is not None else pending.Queue()
     waiting.read(reader, aside, whole=head is None)
     telling.TOLD.begin(len(waiting), whole=head is None)
-    others, held = waiting.hold_back(reader, now)
-    if not waiting.by_key and not others and not reader.any_queued_bindings():
-        return _Planned(held, [], {}, None)
-    world = reading.read_world(reader, aside)
-    ordered, by_key = waiting.ordered(world, others, reading.queued_requests(world, aside))
+    try:
+        others, held = waiting.hold_back(reader, now)
+        if not waiting.by_key and not others and not reader.any_queued_bindings():
+            return _Planned(held, [], {}, None)
+        world = reading.read_world(reader, aside)
+        ordered, by_key = waiting.ordered(world, others, reading.queued_requests(world, aside))
+    except BaseException:  # what it read but did not order is not kept half-done
+        waiting.forget()
+        raise
     result = placement.plan(
         world.snapshot, ordered, now, max_placements=limits.binds, starts_only=True, head=head
     )
