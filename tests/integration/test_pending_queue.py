@@ -246,3 +246,33 @@ def test_a_database_behind_the_revision_read_last_is_read_anew(
         assert [r[1] for r in _compare(other, kept, T0)["order"]] == ["b"]
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_job_made_anew_under_its_name_is_scheduled(database: db.Database, whole: bool) -> None:
+    """`gctl delete` then `gctl apply` of a waiting Job between two passes (or apply's
+    "replaced"): the new Job is placed once there is room, whether the next pass reads the
+    queue from the feed or in full."""
+    with database.write() as session:
+        writer = store.Store(session)
+        put_ready_node(writer, "n1", 1, T0)
+        writer.create(
+            pool.GPUPool(
+                metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
+            )
+        )
+        writer.create(make_job("busy").build())
+        writer.create(make_job("x").build())
+    kept = pending.Queue()
+    store.transact(database, lambda w: scheduling.schedule(w, T0, kept=kept))  # `busy` starts
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.delete(job.Job, "x", "default")
+        writer.create(make_job("x").build())
+        put_ready_node(writer, "n2", 1, T0)  # room for it now
+    tail = scheduling.Tail(lambda: T0 + timedelta(seconds=1))
+    if not whole:  # a pass that decides the head alone: from the feed
+        tail.last, tail.done = T0 + timedelta(seconds=1), True
+    store.transact(database, lambda w: scheduling.schedule(w, T0, tail=tail, kept=kept))
+    with database.read() as session:
+        assert store.Store(session).get(job.Job, "x", "default").status.phase == "Scheduled"
