@@ -3,10 +3,13 @@
 A pass runs in three steps (on SQLite the first two in a read transaction and the third in a
 write transaction, so that its reads hold no writer back: `run`; elsewhere all three in one):
 
-1. read (`reading`): the pending Jobs as stored (unvalidated: a pass looks at every one of them,
-   so it pays only for those it writes), Nodes, GPUPools, GPUProfiles, the active Bindings and
-   their Jobs, and the run times of recent successful Jobs;
-2. plan: `placement.plan`, a pure function of that snapshot;
+1. read (`reading`): the pending Jobs as stored (unvalidated: a pass pays only for those it
+   writes; the controller keeps them from pass to pass, with their Requests in queue order,
+   and reads only the Jobs written since its last pass: `pending`), Nodes, GPUPools,
+   GPUProfiles, the active Bindings and their Jobs, and the run times of recent successful
+   Jobs;
+2. plan: `placement.plan`, a pure function of that snapshot, walking the queue in order
+   (`depth.Ordered`) only as far as it must;
 3. apply (`writing`): each placement creates the attempt's Binding (named `<job>-<attempt>`,
    unique, so a second controller racing on the same attempt fails) and moves the Job to
    Scheduled with the CAS of the Job it read; each preemption sets `stopReason: Preempted` on
