@@ -53,13 +53,13 @@ class Ordered:
         shapes: Counter[Shape],
         examples: Mapping[Shape, Request],
         must: int,
-        queued: int,
+        bound: Sequence[Request] = (),
     ) -> None:
         self.runs = runs  # pool -> its sorted runs
         self.shapes = shapes  # of every request
         self.examples = examples  # shape -> a request of that shape
         self.must = must  # requests that `must_decide`
-        self.queued = queued  # requests bound ahead
+        self.bound = bound  # the requests bound ahead, in any order
         self.size = sum(len(run) for pool_runs in runs.values() for run in pool_runs)
 
     @classmethod
@@ -70,7 +70,8 @@ class Ordered:
             pools.setdefault(request.pool, []).append(request)
         shapes: Counter[Shape] = Counter()
         examples: dict[Shape, Request] = {}
-        must = queued = 0
+        must = 0
+        bound = []
         for waiting in pools.values():
             waiting.sort(key=ORDER)
             for request in waiting:
@@ -78,9 +79,10 @@ class Ordered:
                 shapes[shape] += 1
                 examples.setdefault(shape, request)
                 must += must_decide(request)
-                queued += request.queued is not None
+                if request.queued is not None:
+                    bound.append(request)
         runs = {name: [waiting] for name, waiting in pools.items()}
-        return cls(runs, shapes, examples, must, queued)
+        return cls(runs, shapes, examples, must, bound)
 
     def __len__(self) -> int:
         return self.size
@@ -94,14 +96,17 @@ class Ordered:
         return heapq.merge(*pools, key=age_key)
 
     def movable(self) -> list[Allocation]:
-        """The attempts bound ahead among the requests, in queue order (`ahead`): drawn until
-        the last is found."""
+        """The attempts bound ahead among the requests, in queue order (`ahead`): sorted, in
+        one pool's queue; else drawn from the merged queues until the last is found (one far
+        back in a long queue costs a walk that far)."""
+        if len(self.runs) <= 1:
+            return [r.queued for r in sorted(self.bound, key=ORDER) if r.queued is not None]
         found: list[Allocation] = []
-        if self.queued:
+        if self.bound:
             for request in self:
                 if request.queued is not None:
                     found.append(request.queued)
-                    if len(found) == self.queued:
+                    if len(found) == len(self.bound):
                         break
         return found
 

@@ -101,7 +101,7 @@ class Queue:
             changed = None
             last = self.revision
             # behind the last read: another database, or one restored from a backup
-            current = last is not None and last <= revision and aside.versions == self._aside
+            current = last is not None and last <= revision and _jobs_of(aside) == self._aside
             if not whole and last is not None and current:
                 changed = reader.changed_uids(job.Job.KIND, last, MAX_CHANGES)
             if changed is None:
@@ -113,7 +113,7 @@ class Queue:
                 for uid in changed:
                     w = found.get(uid)
                     self._put(uid, None if w is None or aside.holds(w) else w)
-            self.revision, self._aside = revision, dict(aside.versions)
+            self.revision, self._aside = revision, _jobs_of(aside)
         except BaseException:
             self.forget()
             raise
@@ -242,14 +242,14 @@ class Queue:
             pool: [waiting] for pool, waiting in self._sorted.items()
         }
         if not extras:
-            ordered = depth.Ordered(runs, self._shapes, self._examples, self._must, 0)
+            ordered = depth.Ordered(runs, self._shapes, self._examples, self._must)
             return ordered, ChainMap(found, self.by_key)
         more = depth.Ordered.of(extras)
         for pool, pool_runs in more.runs.items():
             runs.setdefault(pool, []).extend(pool_runs)
         examples = ChainMap(dict(more.examples), self._examples)
         ordered = depth.Ordered(
-            runs, self._shapes + more.shapes, examples, self._must + more.must, more.queued
+            runs, self._shapes + more.shapes, examples, self._must + more.must, more.bound
         )
         return ordered, ChainMap(found, self.by_key)
 
@@ -301,6 +301,12 @@ class Queue:
                 bisect.insort(self._sorted.setdefault(request.pool, []), request, key=depth.ORDER)
         for pool in [pool for pool, waiting in self._sorted.items() if not waiting]:
             del self._sorted[pool]
+
+
+def _jobs_of(aside: reading.SetAside) -> dict[tuple[str, str, str], str]:
+    """The set-aside Jobs (a Node set aside is written again by every heartbeat: that must
+    not make every pass read the whole queue)."""
+    return {key: version for key, version in aside.versions.items() if key[0] == job.Job.KIND}
 
 
 def _command(w: Wire) -> str:

@@ -4,7 +4,7 @@ brought up to date from the change feed, it must say what reading the whole queu
 import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -172,7 +172,7 @@ def test_a_request_is_ranked_by_its_pools_queue_order_as_it_is_now(database: db.
             writer.create(limited)
     kept = pending.Queue()
 
-    def order(queue_order: str) -> list[str]:
+    def order(queue_order: Literal["FIFO", "LongestFirst"]) -> list[str]:
         with database.write() as session:
             writer = store.Store(session)
             found = writer.get(pool.GPUPool, "default")
@@ -276,3 +276,33 @@ def test_a_job_made_anew_under_its_name_is_scheduled(database: db.Database, whol
     store.transact(database, lambda w: scheduling.schedule(w, T0, tail=tail, kept=kept))
     with database.read() as session:
         assert store.Store(session).get(job.Job, "x", "default").status.phase == "Scheduled"
+
+
+def test_only_set_aside_jobs_make_a_pass_read_the_queue_anew(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Node that does not validate is set aside in a new version at every heartbeat: that
+    must not make every pass read the whole queue; a Job set aside (or taken back) must."""
+    with database.write() as session:
+        store.Store(session).create(make_job("a").build())
+    reads: list[int] = []
+    whole = store.Store.pending_wires
+
+    def counted(reader: store.Store) -> list[dict[str, Any]]:
+        reads.append(1)
+        return whole(reader)
+
+    monkeypatch.setattr(store.Store, "pending_wires", counted)
+    kept = pending.Queue()
+
+    def read(versions: dict[tuple[str, str, str], str]) -> int:
+        with database.read() as session:
+            kept.read(store.Store(session), reading.SetAside(versions), whole=False)
+        return len(reads)
+
+    assert read({}) == 1  # the first reads it all
+    assert read({("Node", "", "n1"): "7"}) == 1
+    assert read({("Node", "", "n1"): "8"}) == 1
+    assert read({("Node", "", "n1"): "8", ("Job", "default", "b"): "3"}) == 2
+    assert read({("Node", "", "n1"): "9", ("Job", "default", "b"): "3"}) == 2
+    assert read({}) == 3
