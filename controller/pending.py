@@ -65,6 +65,10 @@ class Queue:
     """The pending Jobs as of `revision`, for a controller's passes (the module says how)."""
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Keep nothing: the next pass reads the whole queue."""
         self.revision: int | None = None  # the revision read last; None: read it all
         self._aside: dict[tuple[str, str, str], str] = {}  # the set-aside Jobs it read with
         self._entries: dict[str, _Entry] = {}  # uid -> every pending Job not set aside
@@ -84,10 +88,6 @@ class Queue:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def forget(self) -> None:
-        """Keep nothing: the next pass reads the whole queue."""
-        self.__init__()  # type: ignore[misc]  # the same fields, emptied
 
     # -- reading -------------------------------------------------------------------------------
 

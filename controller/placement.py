@@ -3,7 +3,7 @@
 `plan(snapshot, requests, now)` walks the pools' queues in order (each pool's by priority, then,
 in a `LongestFirst` pool, the longest time limit, then submission time, then name:
 `snapshot.queue_key`; the pools' together by their first Jobs' priority, then age:
-`queue_order`) and decides each request in numbered steps:
+`depth.Ordered`) and decides each request in numbered steps:
 
 1. filter: the GPUs that could ever take it (pool, pinned placement, Ready node, not cordoned or
    draining, model, size, the pool's utilization and memory thresholds);
@@ -81,10 +81,10 @@ def plan(
     starts_only: bool = False,
     head: int | None = None,
 ) -> Plan:
-    """Decide every request, in queue order (`queue_order`; given as `depth.Ordered`, as it
-    is); stop after `max_placements` placements; with `starts_only`, once a Job starts and no
-    later request could start now (`depth.Rest`); with `head`, once `head` requests are
-    decided and no later one could change anything but what it is told (`depth.Tail`)."""
+    """Decide every request, in queue order (`depth.Ordered`; given as one, as it is); stop
+    after `max_placements` placements; with `starts_only`, once a Job starts and no later
+    request could start now (`depth.Rest`); with `head`, once `head` requests are decided and
+    no later one could change anything but what it is told (`depth.Tail`)."""
     ordered = requests if isinstance(requests, depth.Ordered) else depth.Ordered.of(requests)
     planner = _Planner(snapshot, now, ordered.movable())
     rest = depth.Rest(ordered) if starts_only or head is not None else None
@@ -116,11 +116,6 @@ def _starts(decision: Decision) -> bool:
     agent starts it): `plan` counts only the starts that write a Binding, as `writing`
     does, so that a pass whose only start is that one decides every request."""
     return decision.placement is not None and not decision.placement.after
-
-
-def queue_order(requests: Iterable[Request]) -> list[Request]:
-    """The requests in the order a pass decides them (`depth.Ordered`)."""
-    return list(depth.Ordered.of(requests))
 
 
 def changes(decision: Decision) -> bool:

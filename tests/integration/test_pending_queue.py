@@ -14,6 +14,7 @@ from gctl.store import db, shared, store
 from tests.builders import make_job, put_ready_node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+Request = placement.Request
 
 
 def _what(kept: pending.Queue, reader: store.Store, now: datetime) -> dict[str, Any]:
@@ -47,6 +48,27 @@ def _compare(
         fresh.read(reader, reading.SetAside(), whole=True)
         assert found == _what(fresh, reader, now)
     return found
+
+
+def _requests(database: db.Database, kept: pending.Queue, now: datetime) -> list[Request]:
+    """The kept queue, brought up to date from the feed, as a pass walks it."""
+    with database.read() as session:
+        reader = store.Store(session)
+        kept.read(reader, reading.SetAside(), whole=False)
+        world = reading.read_world(reader)
+        others, _ = kept.hold_back(reader, now)
+        ordered, _ = kept.ordered(world, others, reading.queued_requests(world))
+        return list(ordered)
+
+
+def _one_gpu_without_binding_ahead(writer: store.Store) -> None:
+    """Node n1 with one GPU; the default pool, where a Job that cannot start waits."""
+    put_ready_node(writer, "n1", 1, T0)
+    writer.create(
+        pool.GPUPool(
+            metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
+        )
+    )
 
 
 def _setup(writer: store.Store) -> None:
@@ -179,13 +201,7 @@ def test_a_request_is_ranked_by_its_pools_queue_order_as_it_is_now(database: db.
             if found.spec.queue_order != queue_order:
                 found.spec.queue_order = queue_order
                 writer.update(found)
-        with database.read() as session:
-            reader = store.Store(session)
-            kept.read(reader, reading.SetAside(), whole=False)
-            world = reading.read_world(reader)
-            others, _ = kept.hold_back(reader, T0)
-            ordered, _ = kept.ordered(world, others, [])
-            return [r.name for r in ordered]
+        return [r.name for r in _requests(database, kept, T0)]
 
     assert order("LongestFirst") == ["long", "short"]
     assert order("FIFO") == ["short", "long"]
@@ -200,24 +216,14 @@ def test_a_queue_longer_than_the_store_keeps_is_read_anew_in_one_copy(
     held, not two (queue-depth-100k's RSS); and what passes were told is not kept."""
     with database.write() as session:
         writer = store.Store(session)
-        put_ready_node(writer, "n1", 1, T0)
-        writer.create(
-            pool.GPUPool(
-                metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
-            )
-        )
+        _one_gpu_without_binding_ahead(writer)
         for i in range(3):
             writer.create(make_job(f"j{i}").build())
     kept = pending.Queue()
 
-    def schedule(now: datetime) -> list[placement.Request]:
+    def schedule(now: datetime) -> list[Request]:
         store.transact(database, lambda w: scheduling.schedule(w, now, kept=kept))
-        with database.read() as session:
-            reader = store.Store(session)
-            kept.read(reader, reading.SetAside(), whole=False)  # the pass's own writes
-            others, _ = kept.hold_back(reader, now)
-            ordered, _ = kept.ordered(reading.read_world(reader), others, [])
-            return list(ordered)
+        return _requests(database, kept, now)  # with the pass's own writes
 
     first = schedule(T0)
     assert len(first) == 2  # one of three started
@@ -255,12 +261,7 @@ def test_a_job_made_anew_under_its_name_is_scheduled(database: db.Database, whol
     queue from the feed or in full."""
     with database.write() as session:
         writer = store.Store(session)
-        put_ready_node(writer, "n1", 1, T0)
-        writer.create(
-            pool.GPUPool(
-                metadata=meta.ObjectMeta(name="default"), spec=pool.GPUPoolSpec(bind_ahead=False)
-            )
-        )
+        _one_gpu_without_binding_ahead(writer)
         writer.create(make_job("busy").build())
         writer.create(make_job("x").build())
     kept = pending.Queue()
