@@ -8,7 +8,6 @@ Request, its GPUProfile applied.
 """
 
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -32,7 +31,7 @@ from gctl.api import (
     queue,
     selection,
 )
-from gctl.store import shared, store, stored, tables
+from gctl.store import jsontext, shared, store, stored, tables
 
 V = TypeVar("V")
 T = TypeVar("T", bound=meta.Resource)
@@ -334,7 +333,7 @@ def _run_times(reader: store.Store) -> dict[str, timedelta]:
 
 
 def _document(value: Any) -> Wire:
-    loaded = json.loads(value) if isinstance(value, str) else value
+    loaded = jsontext.loads(value) if isinstance(value, str) else value
     return loaded if isinstance(loaded, dict) else {}
 
 

@@ -6,6 +6,7 @@ the object and the field path, so the CLI can print it as it is.
 
 import functools
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -217,7 +218,7 @@ def _validate(
         raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
     cls = kinds.model(kind)
     body = {key: value for key, value in document.items() if key != "status"}
-    if (path := _nul_path(body, "")) is not None:
+    if (path := _first_path(body, "", _holds_nul)) is not None:
         raise errors.Invalid(
             f"{where}: {prefix}{path}: contains a NUL character, which no command, "
             "environment variable or database can hold"
@@ -226,6 +227,9 @@ def _validate(
         obj = cls.model_validate(body, by_alias=True, by_name=False, context=meta.INPUT)
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {first_error(exc, prefix)}") from None
+    # After the fields' own checks, which say it better where a field has a range.
+    if (path := _first_path(body, "", _unstored_number)) is not None:
+        raise errors.Invalid(f"{where}: {prefix}{path}: {_UNSTORED_NUMBER}")
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     field = "metadata.name"
     try:
@@ -252,22 +256,44 @@ def _validate(
     return obj
 
 
-def _nul_path(value: Any, path: str) -> str | None:
-    """The field path of the first string (key or value) holding a NUL character, if any."""
-    if isinstance(value, str):
-        return path if "\x00" in value else None
+def _first_path(value: Any, path: str, bad: Callable[[Any], bool]) -> str | None:
+    """The field path of the first key or value in `value` that `bad` says is so, if any."""
     if isinstance(value, dict):
         for key, item in value.items():
             here = f"{path}.{key}" if path else str(key)
-            if isinstance(key, str) and "\x00" in key:
+            if bad(key):
                 return here
-            if (found := _nul_path(item, here)) is not None:
+            if (found := _first_path(item, here, bad)) is not None:
                 return found
+        return None
     if isinstance(value, list):
         for index, item in enumerate(value):
-            if (found := _nul_path(item, f"{path}[{index}]")) is not None:
+            if (found := _first_path(item, f"{path}[{index}]", bad)) is not None:
                 return found
-    return None
+        return None
+    return path if bad(value) else None
+
+
+def _holds_nul(value: Any) -> bool:
+    return isinstance(value, str) and "\x00" in value
+
+
+# Stored numbers are JSON's as Kubernetes reads it: 64-bit integers and finite doubles
+# (gctl.store.jsontext).
+INT64 = range(-(2**63), 2**63)
+_UNSTORED_NUMBER = (
+    f"is a number gctl does not store: an integer from {INT64.start} to {INT64.stop - 1}, "
+    "or a finite decimal (quoted, it is text)"
+)
+
+
+def _unstored_number(value: Any) -> bool:
+    """An integer beyond 64 bits, NaN or an infinity: JSON as gctl stores it holds none."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value not in INT64
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _describe(document: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from gctl.api import errors
-from gctl.store import driver, locations, notify, schema, writers
+from gctl.store import driver, jsontext, locations, notify, schema, writers
 
 # psycopg warns on its own logger when a lost connection leaves it a pipeline it cannot close
 # ("error ignored terminating <psycopg.Pipeline [BAD]>"), beside the error gctl reports in one
@@ -25,6 +25,8 @@ from gctl.store import driver, locations, notify, schema, writers
 # handler that drops it keeps the command's stderr to that one line. The daemons log it still
 # (it goes on to their root handler).
 logging.getLogger("psycopg").addHandler(logging.NullHandler())
+# The JSON columns' text, written and read as gctl.store.jsontext does it (and `driver` too).
+JSON_TEXT = {"json_serializer": jsontext.dumps, "json_deserializer": jsontext.loads}
 
 MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
 SQLITE_BUSY_TIMEOUT_MS = driver.BUSY_TIMEOUT_MS
@@ -79,7 +81,7 @@ class Database:
                     f"--db: cannot create {self.sqlite_path}: {exc.strerror or exc}"
                 ) from None
             self._turns = writers.Turns(locations.writers_path(self.sqlite_path))
-            self.engine: Engine = create_engine(url)
+            self.engine: Engine = create_engine(url, **JSON_TEXT)
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
         elif self.dialect == "postgresql":
@@ -88,7 +90,7 @@ class Database:
             # row with every parameter (0.2 s over 10,000 Jobs, against 3 ms planned for the
             # values), as it mis-plans `phase = 'Pending'` for a skewed table.
             self.engine = create_engine(
-                url, pool_pre_ping=True, connect_args={"prepare_threshold": None}
+                url, pool_pre_ping=True, connect_args={"prepare_threshold": None}, **JSON_TEXT
             )
         else:
             raise errors.Invalid(
@@ -101,7 +103,10 @@ class Database:
         (the same schema, the revision counter at 0), so that every read finds what an empty
         database holds, through the same code."""
         self.engine = create_engine(
-            "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
+            "sqlite://",
+            poolclass=StaticPool,
+            connect_args={"check_same_thread": False},
+            **JSON_TEXT,
         )
         event.listen(self.engine, "connect", _sqlite_on_connect)
         event.listen(self.engine, "begin", _sqlite_on_begin)

@@ -15,7 +15,6 @@ declines (`applying.apply_at` chooses, in one place).
 """
 
 import contextlib
-import json
 import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gctl.api import errors
-from gctl.store import listing, locations, notify, schema, writers
+from gctl.store import jsontext, listing, locations, notify, schema, writers
 
 if TYPE_CHECKING:
     from gctl.api import meta
@@ -170,7 +169,7 @@ def _encoded(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value)  # as SQLAlchemy's JSON type writes it
+    return jsontext.dumps(value)  # as the Store's JSON columns write it (db.Database)
 
 
 def _timestamp(value: datetime) -> str:

@@ -7,7 +7,6 @@ sleep is never missed, because the wake-up was armed before the read. Idle, it u
 """
 
 import contextlib
-import json
 import math
 import select
 import threading
@@ -19,7 +18,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from gctl.api import errors
-from gctl.store import db, locations, notify, revisions
+from gctl.store import db, jsontext, locations, notify, revisions
 
 # A watcher re-reads the feed this often even without a wake-up: a safety net, not the mechanism.
 RESYNC_SECONDS = 60.0
@@ -227,7 +226,10 @@ class _ChangeReader:
                 import psycopg
 
                 conninfo = locations.libpq_url(database.url) or database.url
+                from psycopg.types import json as pg_json
+
                 self._conn = psycopg.connect(conninfo, autocommit=True)
+                pg_json.set_json_loads(jsontext.loads, self._conn)  # the change rows' objects
                 self._mark = "%s"
         except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
             raise unavailable(database.url, exc) from None
@@ -268,7 +270,7 @@ class _ChangeReader:
                 r[4],
                 r[5],
                 r[6],
-                json.loads(r[7]) if isinstance(r[7], str) else r[7],
+                jsontext.loads(r[7]) if isinstance(r[7], str) else r[7],
             )
             for r in rows
         ]

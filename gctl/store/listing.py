@@ -6,7 +6,6 @@ itself and runs one SELECT, while writes, migrations and watches go through SQLA
 `row_to_wire` is shared with the Store, so both paths print the same object.
 """
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from gctl.api import kinds
-from gctl.store import locations, schema
+from gctl.store import jsontext, locations, schema
 
 JSON_COLUMNS = frozenset(
     {"labels", "annotations", "finalizers", "owner_references", "spec", "status"}
@@ -47,7 +46,7 @@ def _document(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     empty = _EMPTY.get(value)
-    return json.loads(value) if empty is None else type(empty)()
+    return jsontext.loads(value) if empty is None else type(empty)()
 
 
 def row_to_wire(info: kinds.KindInfo, row: Mapping[Any, Any]) -> dict[str, Any]:

@@ -5,14 +5,13 @@ of `shared`), and how an object's row becomes its wire form (`row_to_wire`). The
 layer (`store.Store`, the writes) builds on this one: a write reads the row it guards here.
 """
 
-import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Row, select
 
 from gctl.api import binding, errors, job, meta, selector
-from gctl.store import listing, revisions, shared, stored, tables
+from gctl.store import jsontext, listing, revisions, shared, stored, tables
 
 T = TypeVar("T", bound=meta.Resource)
 
@@ -217,6 +216,6 @@ class Reads(revisions.Revisions):
         table = tables.table_of(binding.Binding.KIND)
         rows = self.execute(select(table.c.spec).where(table.c.phase.in_(("Pending", "Armed"))))
         return any(
-            (json.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
+            (jsontext.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
             for (spec,) in rows
         )

@@ -2,12 +2,12 @@
 it (`errors.StoredInvalid`), never pydantic's, so that a daemon can set that object aside and
 go on with the others, and the CLI can say it in one line."""
 
-import json
 from typing import Any, TypeVar
 
 import pydantic
 
 from gctl.api import errors, meta
+from gctl.store import jsontext
 
 T = TypeVar("T", bound=meta.Resource)
 
@@ -18,7 +18,7 @@ def validated(cls: type[T], wire: dict[str, Any], *, strict: bool = False) -> T:
     a malformed row from its own bug (gctl writes none that fails)."""
     try:
         if strict:
-            return cls.model_validate_json(json.dumps(wire, default=str), strict=True)
+            return cls.model_validate_json(jsontext.encode(wire, default=str), strict=True)
         return cls.model_validate(wire)
     except pydantic.ValidationError as exc:
         from gctl.api import manifest  # only on this path: YAML and the rest are not needed

@@ -139,6 +139,21 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         (_job("{command: x, priority: .nan}"), "spec.priority: must be a finite number"),
         # a whole number past what a float holds was a traceback when converted to one
         (_job(f"{{command: x, resources: {{gpus: {'9' * 400}}}}}"), "(at most 1024)"),
+        # numbers JSON as gctl stores it cannot hold, where no field's own range said so
+        (
+            _sweep("{items: [1, 9223372036854775808], template: {spec: {command: x}}}"),
+            "spec.items[1]: is a number gctl does not store: an integer from "
+            "-9223372036854775808 to 9223372036854775807, or a finite decimal (quoted, it is "
+            "text)",
+        ),
+        (
+            _sweep(f"{{matrix: {{a: [-{2**63 + 1}]}}, template: {{spec: {{command: x}}}}}}"),
+            "spec.matrix.a[0]: is a number gctl does not store",
+        ),
+        (
+            _job(f"{{command: x, placement: {{gpus: [{2**64}]}}}}"),
+            "spec.placement.gpus[0]: is a number gctl does not store",
+        ),
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
         (_job('{command: x, env: {A: "\\0"}}'), "spec.env.A: contains a NUL character"),
         (_job("{}"), "spec.command: required field is missing"),
