@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller import jobs, nodes, outcomes, pending, reading, scheduling, sweeps
-from gctl.api import binding, errors, failures, job, meta, node, sweep
+from gctl.api import binding, errors, failures, job, kinds, meta, node, sweep
 from gctl.store import db, events, feed, store
 
 log = logging.getLogger("gctl.controller")
@@ -51,6 +51,12 @@ NODE_BATCH = 500
 # own stored document does not validate waits for a change to it instead.
 INVALID_RECHECK = timedelta(minutes=1)
 REASON_INVALID = "StoredObjectInvalid"
+# The kinds whose changes the loop acts on (`_keys_of`); not Events, a third of what a busy
+# cluster writes, nor ApplySets (controller.sync follows those).
+WATCHED = [
+    info.kind
+    for info in (kinds.JOB, kinds.SWEEP, kinds.BINDING, kinds.NODE, kinds.GPUPOOL, kinds.GPUPROFILE)
+]
 
 
 def _node_shape(wire: dict[str, Any]) -> tuple[Any, ...]:
@@ -377,7 +383,7 @@ class Controller:
         down_since: datetime | None = None  # when the feed last lost the database
         while not stop.is_set():
             try:
-                with feed.Watch(self.db, since=since, stop=stop) as changes:
+                with feed.Watch(self.db, since=since, kinds=WATCHED, stop=stop) as changes:
                     if down_since is not None:  # connected again
                         self._changes.put(_Outage(down_since))
                         down_since = None
