@@ -218,18 +218,19 @@ def _validate(
         raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
     cls = kinds.model(kind)
     body = {key: value for key, value in document.items() if key != "status"}
-    if (path := _first_path(body, "", _holds_nul)) is not None:
+    unstorable = _first(body, "", _unstorable)
+    if unstorable is not None and isinstance(unstorable[1], str):
         raise errors.Invalid(
-            f"{where}: {prefix}{path}: contains a NUL character, which no command, "
+            f"{where}: {prefix}{unstorable[0]}: contains a NUL character, which no command, "
             "environment variable or database can hold"
         )
     try:
         obj = cls.model_validate(body, by_alias=True, by_name=False, context=meta.INPUT)
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {first_error(exc, prefix)}") from None
-    # After the fields' own checks, which say it better where a field has a range.
-    if (path := _first_path(body, "", _unstored_number)) is not None:
-        raise errors.Invalid(f"{where}: {prefix}{path}: {_UNSTORED_NUMBER}")
+    if unstorable is not None:  # a number: said after the fields' own checks, which say it
+        # better where a field has a range
+        raise errors.Invalid(f"{where}: {prefix}{unstorable[0]}: {_UNSTORED_NUMBER}")
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     field = "metadata.name"
     try:
@@ -256,26 +257,22 @@ def _validate(
     return obj
 
 
-def _first_path(value: Any, path: str, bad: Callable[[Any], bool]) -> str | None:
-    """The field path of the first key or value in `value` that `bad` says is so, if any."""
+def _first(value: Any, path: str, bad: Callable[[Any], bool]) -> tuple[str, Any] | None:
+    """The field path and value of the first key or value in `value` that `bad` says is so."""
     if isinstance(value, dict):
         for key, item in value.items():
             here = f"{path}.{key}" if path else str(key)
             if bad(key):
-                return here
-            if (found := _first_path(item, here, bad)) is not None:
+                return here, key
+            if (found := _first(item, here, bad)) is not None:
                 return found
         return None
     if isinstance(value, list):
         for index, item in enumerate(value):
-            if (found := _first_path(item, f"{path}[{index}]", bad)) is not None:
+            if (found := _first(item, f"{path}[{index}]", bad)) is not None:
                 return found
         return None
-    return path if bad(value) else None
-
-
-def _holds_nul(value: Any) -> bool:
-    return isinstance(value, str) and "\x00" in value
+    return (path, value) if bad(value) else None
 
 
 # Stored numbers are JSON's as Kubernetes reads it: 64-bit integers and finite doubles
@@ -287,8 +284,11 @@ _UNSTORED_NUMBER = (
 )
 
 
-def _unstored_number(value: Any) -> bool:
-    """An integer beyond 64 bits, NaN or an infinity: JSON as gctl stores it holds none."""
+def _unstorable(value: Any) -> bool:
+    """What no database holds as given: a string holding a NUL character; a number JSON as
+    gctl stores it cannot hold (an integer beyond 64 bits, NaN or an infinity)."""
+    if isinstance(value, str):
+        return "\x00" in value
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
