@@ -228,9 +228,10 @@ def _validate(
         obj = cls.model_validate(body, by_alias=True, by_name=False, context=meta.INPUT)
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {first_error(exc, prefix)}") from None
-    if unstorable is not None:  # a number: said after the fields' own checks, which say it
-        # better where a field has a range
-        raise errors.Invalid(f"{where}: {prefix}{unstorable[0]}: {_UNSTORED_NUMBER}")
+    # A number: refused after the fields' own checks, which say it better where a field has a
+    # range, and only where it is stored as a number (a Sweep's items are stored as text).
+    if unstorable is not None and (number := _first(obj.wire(), "", _unstored_number)):
+        raise errors.Invalid(f"{where}: {prefix}{number[0]}: {_UNSTORED_NUMBER}")
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     field = "metadata.name"
     try:
@@ -285,10 +286,15 @@ _UNSTORED_NUMBER = (
 
 
 def _unstorable(value: Any) -> bool:
-    """What no database holds as given: a string holding a NUL character; a number JSON as
-    gctl stores it cannot hold (an integer beyond 64 bits, NaN or an infinity)."""
+    """What no database holds as given: a string holding a NUL character, or a number JSON as
+    gctl stores it cannot hold."""
     if isinstance(value, str):
         return "\x00" in value
+    return _unstored_number(value)
+
+
+def _unstored_number(value: Any) -> bool:
+    """An integer beyond 64 bits, NaN or an infinity."""
     if isinstance(value, bool):
         return False
     if isinstance(value, int):

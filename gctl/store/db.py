@@ -25,8 +25,9 @@ from gctl.store import driver, jsontext, locations, notify, schema, writers
 # handler that drops it keeps the command's stderr to that one line. The daemons log it still
 # (it goes on to their root handler).
 logging.getLogger("psycopg").addHandler(logging.NullHandler())
-# The JSON columns' text, written and read as gctl.store.jsontext does it (and `driver` too).
-JSON_TEXT = {"json_serializer": jsontext.dumps, "json_deserializer": jsontext.loads}
+# The JSON columns' text, written and read as gctl.store.jsontext does it (and `driver` too);
+# read exactly, as the kind is not known there.
+JSON_TEXT = {"json_serializer": jsontext.dumps, "json_deserializer": jsontext.loads_exact}
 
 MIGRATIONS_LOCK_KEY = 0x6763746C  # "gctl": the PostgreSQL advisory lock held while migrating
 SQLITE_BUSY_TIMEOUT_MS = driver.BUSY_TIMEOUT_MS

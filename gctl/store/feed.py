@@ -211,6 +211,9 @@ class _ChangeReader:
     def __init__(self, database: db.Database) -> None:
         self._url = database.url
         self._sqlite = database.sqlite_path is not None
+        # The objects as text, decoded here as their kind is read (`jsontext.loads_of`), not
+        # by psycopg, which would decode every kind alike.
+        self._text = "" if self._sqlite else "::text"
         try:
             if database.sqlite_path is not None:
                 import sqlite3
@@ -226,10 +229,7 @@ class _ChangeReader:
                 import psycopg
 
                 conninfo = locations.libpq_url(database.url) or database.url
-                from psycopg.types import json as pg_json
-
                 self._conn = psycopg.connect(conninfo, autocommit=True)
-                pg_json.set_json_loads(jsontext.loads, self._conn)  # the change rows' objects
                 self._mark = "%s"
         except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
             raise unavailable(database.url, exc) from None
@@ -245,7 +245,8 @@ class _ChangeReader:
             where += f" AND kind IN ({', '.join([mark] * len(kinds))})"
             params.extend(kinds)
         query = (
-            "SELECT id, revision, type, kind, namespace, name, uid, object FROM changes "
+            f"SELECT id, revision, type, kind, namespace, name, uid, object{self._text} "
+            "FROM changes "
             f"WHERE {where} ORDER BY id LIMIT {PAGE}"
         )
         try:
@@ -270,7 +271,7 @@ class _ChangeReader:
                 r[4],
                 r[5],
                 r[6],
-                jsontext.loads(r[7]) if isinstance(r[7], str) else r[7],
+                jsontext.loads_of(r[3])(r[7]) if isinstance(r[7], str) else r[7],
             )
             for r in rows
         ]

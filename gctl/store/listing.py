@@ -6,7 +6,7 @@ itself and runs one SELECT, while writes, migrations and watches go through SQLA
 `row_to_wire` is shared with the Store, so both paths print the same object.
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,12 +41,13 @@ def timestamp(value: datetime | str) -> str:
 _EMPTY: dict[str, Any] = {"{}": {}, "[]": []}
 
 
-def _document(value: Any) -> Any:
-    """A JSON column's value: decoded by psycopg already, JSON text from sqlite3."""
+def _document(value: Any, loads: Callable[[str], Any] = jsontext.loads) -> Any:
+    """A JSON column's value: decoded by psycopg already, JSON text from sqlite3 (`loads`
+    reads it: `jsontext.loads_of` its kind)."""
     if not isinstance(value, str):
         return value
     empty = _EMPTY.get(value)
-    return jsontext.loads(value) if empty is None else type(empty)()
+    return loads(value) if empty is None else type(empty)()
 
 
 def row_to_wire(info: kinds.KindInfo, row: Mapping[Any, Any]) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def row_to_wire(info: kinds.KindInfo, row: Mapping[Any, Any]) -> dict[str, Any]:
         "apiVersion": kinds.API_VERSION,
         "kind": info.kind,
         "metadata": metadata,
-        "spec": _document(row["spec"]),
+        "spec": _document(row["spec"], jsontext.loads_of(info.kind)),
         "status": _document(row["status"]),
     }
 

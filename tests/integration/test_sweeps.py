@@ -2,6 +2,7 @@
 one step at a time, with a fixed clock and no processes."""
 
 import logging
+import math
 import threading
 import time
 from datetime import UTC, datetime
@@ -12,9 +13,9 @@ import pytest
 import sqlalchemy
 
 from controller import jobs, manager, scheduling, sweeps
-from gctl.api import binding, job, manifest, meta, sweep
+from gctl.api import binding, job, kinds, manifest, meta, sweep
 from gctl.cli import printers
-from gctl.store import applying, db, store
+from gctl.store import applying, db, feed, listing, store
 from tests.builders import corrupt, make_job, put_ready_node, warnings_about
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -521,3 +522,51 @@ def test_a_stored_sweep_that_no_longer_validates_holds_back_no_other(
     ]
     assert len([m for m in said if '"n2"' in m]) == 1
     assert all(r.exc_info is None for r in caplog.records)  # no traceback
+
+
+def test_a_sweep_stored_with_a_number_beyond_64_bits_reads_it_exactly(
+    database: db.Database,
+) -> None:
+    """Apply refuses such a matrix value now; an older gctl stored it (gctl.store.jsontext).
+    Read as a double, it would name and run other children than the ones made before."""
+    seed = 12345678901234567890123
+    old = _sweep("big", matrix={"seed": [1, seed]}, template={"spec": {"command": "t {seed}"}})
+    _create(database, old)  # as an older gctl stored it: apply takes no such number now
+    _reconcile_sweep(database, "big")
+    assert sorted(_children(database, "big")) == ["big-seed1", f"big-seed{seed}"]
+    with database.write() as session:  # written again (a finalizer put back): still exact
+        writer = store.Store(session)
+        again = writer.get(sweep.Sweep, "big", "default")
+        again.metadata.labels["touched"] = "yes"
+        writer.update(again)
+    read = _get_sweep(database, "big")
+    assert read is not None
+    assert read.spec.matrix == {"seed": [1, seed]}
+    with feed.Watch(database, since=0, kinds=["Sweep"]) as changes:
+        copies = [c.object["spec"]["matrix"]["seed"] for c in changes.poll()]
+    assert copies
+    assert all(c == [1, seed] for c in copies)
+    listed = listing.read(database.url, kinds.SWEEP, "default")
+    assert listed is not None
+    assert listed.wires[0]["spec"]["matrix"]["seed"] == [1, seed]
+
+
+def test_a_sweep_stored_with_a_nan_keeps_it_when_written_again(tmp_path: Path) -> None:
+    """SQLite held the NaN json.dumps wrote (PostgreSQL refused it); orjson would write it
+    as null, which no longer reads as a matrix value."""
+    database = db.Database.open(str(tmp_path / "gctl.db"))
+    stored = _sweep("nan", matrix={"lr": [0.1]}, template={"spec": {"command": "t {lr}"}})
+    stored.spec.matrix = {"lr": [0.1, float("nan")]}
+    with database.write() as session:
+        store.Store(session).create_many([stored])
+    with database.write() as session:
+        writer = store.Store(session)
+        again = writer.get(sweep.Sweep, "nan", "default")
+        again.metadata.labels["touched"] = "yes"
+        writer.update(again)
+    read = _get_sweep(database, "nan")
+    assert read is not None
+    assert read.spec.matrix is not None
+    assert read.spec.matrix["lr"][0] == 0.1
+    assert math.isnan(read.spec.matrix["lr"][1])
+    database.close()
