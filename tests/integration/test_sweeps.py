@@ -524,6 +524,16 @@ def test_a_stored_sweep_that_no_longer_validates_holds_back_no_other(
     assert all(r.exc_info is None for r in caplog.records)  # no traceback
 
 
+def _written_again(database: db.Database, name: str) -> sweep.Sweep | None:
+    """The Sweep written whole again (as a finalizer put back writes it), then read."""
+    with database.write() as session:
+        writer = store.Store(session)
+        again = writer.get(sweep.Sweep, name, "default")
+        again.metadata.labels["touched"] = "yes"
+        writer.update(again)
+    return _get_sweep(database, name)
+
+
 def test_a_sweep_stored_with_a_number_beyond_64_bits_reads_it_exactly(
     database: db.Database,
 ) -> None:
@@ -534,12 +544,7 @@ def test_a_sweep_stored_with_a_number_beyond_64_bits_reads_it_exactly(
     _create(database, old)  # as an older gctl stored it: apply takes no such number now
     _reconcile_sweep(database, "big")
     assert sorted(_children(database, "big")) == ["big-seed1", f"big-seed{seed}"]
-    with database.write() as session:  # written again (a finalizer put back): still exact
-        writer = store.Store(session)
-        again = writer.get(sweep.Sweep, "big", "default")
-        again.metadata.labels["touched"] = "yes"
-        writer.update(again)
-    read = _get_sweep(database, "big")
+    read = _written_again(database, "big")
     assert read is not None
     assert read.spec.matrix == {"seed": [1, seed]}
     with feed.Watch(database, since=0, kinds=["Sweep"]) as changes:
@@ -557,14 +562,8 @@ def test_a_sweep_stored_with_a_nan_keeps_it_when_written_again(tmp_path: Path) -
     database = db.Database.open(str(tmp_path / "gctl.db"))
     stored = _sweep("nan", matrix={"lr": [0.1]}, template={"spec": {"command": "t {lr}"}})
     stored.spec.matrix = {"lr": [0.1, float("nan")]}
-    with database.write() as session:
-        store.Store(session).create_many([stored])
-    with database.write() as session:
-        writer = store.Store(session)
-        again = writer.get(sweep.Sweep, "nan", "default")
-        again.metadata.labels["touched"] = "yes"
-        writer.update(again)
-    read = _get_sweep(database, "nan")
+    _create(database, stored)
+    read = _written_again(database, "nan")
     assert read is not None
     assert read.spec.matrix is not None
     assert read.spec.matrix["lr"][0] == 0.1
