@@ -204,7 +204,7 @@ class Controller:
         """Every object, as on start: level-based, so nothing that happened while down is lost."""
         with self.db.read() as session:
             reader = store.Store(session)
-            jobs_now = reader.list_wire(job.Job)
+            jobs_now = reader.job_waits()
             # Names alone, unvalidated: one object that no longer validates is set aside by
             # its own reconcile, and must not keep every other from being resynced.
             keys: set[Key] = {
@@ -215,17 +215,21 @@ class Controller:
                 for w in reader.list_wire(sweep.Sweep)
             }
         self._dependents.clear()
-        for wire in jobs_now:
-            self._track_dependencies("MODIFIED", wire)
-            keys.add(("Job", wire["metadata"]["namespace"], wire["metadata"]["name"]))
+        for namespace, name, phase, depends in jobs_now:
+            self._track(("Job", namespace, name), phase == "Pending", depends)
+            keys.add(("Job", namespace, name))
         return keys | {SCHEDULE}
 
     def _track_dependencies(self, change_type: str, wire: dict[str, Any]) -> None:
         """Keep `_dependents` current: pending Jobs by the Jobs they wait for."""
         namespace, name = wire["metadata"].get("namespace", ""), wire["metadata"]["name"]
-        key: Key = ("Job", namespace, name)
         waits = change_type != "DELETED" and wire["status"].get("phase", "Pending") == "Pending"
-        for dependency in wire["spec"].get("dependsOn", []):
+        self._track(("Job", namespace, name), waits, wire["spec"].get("dependsOn", []))
+
+    def _track(self, key: Key, waits: bool, depends_on: list[Any]) -> None:
+        """`key` waits (pending) or not for the names in `depends_on`."""
+        namespace = key[1]
+        for dependency in depends_on:
             waiting = self._dependents.setdefault((namespace, dependency), set())
             if waits:
                 waiting.add(key)

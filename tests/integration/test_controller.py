@@ -12,7 +12,7 @@ import sqlalchemy
 from controller import jobs, manager, nodes, scheduling
 from gctl.api import binding, job, node
 from gctl.store import db, store
-from tests.builders import make_job, put_ready_node, report_attempt
+from tests.builders import corrupt, make_job, put_ready_node, report_attempt
 from tests.conftest import _admin
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -199,6 +199,33 @@ def test_a_new_job_the_controller_skips_is_one_reconcile_leaves_untouched(
         with database.read() as session:
             wrote = store.Store(session).current_revision() != before
         assert (name in skipped) == (not wrote and due is None), name
+
+
+def test_a_controller_that_starts_learns_what_every_job_waits_for(database: db.Database) -> None:
+    """Its resync reads every Job's name, phase and dependsOn alone (not whole Jobs): enough to
+    wake a pending Job when what it waits for ends, and not troubled by a spec that is no
+    object (that Job is set aside by its own reconcile)."""
+    waits, done, odd = make_job("eval").build(), make_job("old").build(), make_job("odd").build()
+    waits.spec.depends_on = ["train", "prep"]
+    done.spec.depends_on = ["train"]
+    with database.write() as session:
+        writer = store.Store(session)
+        for j in (make_job("train").build(), waits, done, odd):
+            writer.create(j)
+        old = writer.get(job.Job, "old", "default")
+        old.status.phase = "Succeeded"  # waits for nothing any more
+        writer.update_status(old)
+    corrupt(database, "Job", "odd", spec=[1, 2])
+    controller = manager.Controller(database, clock=lambda: T0)
+    keys = controller.resync()
+    assert keys == {("Job", "default", n) for n in ("train", "eval", "old", "odd")} | {
+        manager.SCHEDULE
+    }
+    eval_key = ("Job", "default", "eval")
+    assert controller._dependents == {
+        ("default", "train"): {eval_key},
+        ("default", "prep"): {eval_key},
+    }
 
 
 def test_the_controller_keeps_one_due_time_for_its_next_pass(database: db.Database) -> None:
