@@ -64,10 +64,11 @@ def dumps(document: Any) -> str:
 def encode(document: Any, default: Callable[[Any], Any] | None = None) -> bytes:
     """`dumps` as UTF-8 bytes, for a reader that takes them (pydantic's validate_json);
     `default` turns what JSON has no type for into what it has, as json.dumps's does."""
+    text: bytes | None
     try:
         text = orjson.dumps(document, default=default, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:  # a lone surrogate, an integer beyond 64 bits, an unknown type
-        return json.dumps(document, default=default, separators=_COMPACT).encode()
-    if b"null" in text:  # a None, or a NaN or an infinity orjson wrote as null
+        text = None
+    if text is None or b"null" in text:  # or a None, a NaN or an infinity written as null
         return json.dumps(document, default=default, separators=_COMPACT).encode()
     return text
