@@ -226,10 +226,12 @@ class Controller:
         waits = change_type != "DELETED" and wire["status"].get("phase", "Pending") == "Pending"
         self._track(("Job", namespace, name), waits, wire["spec"].get("dependsOn", []))
 
-    def _track(self, key: Key, waits: bool, depends_on: list[Any]) -> None:
-        """`key` waits (pending) or not for the names in `depends_on`."""
+    def _track(self, key: Key, waits: bool, depends_on: Any) -> None:
+        """`key` waits (pending) or not for the names in `depends_on`; what is no name there
+        (a hand edit in the database) the Job's own reconcile reports."""
         namespace = key[1]
-        for dependency in depends_on:
+        names = depends_on if isinstance(depends_on, list) else []
+        for dependency in (name for name in names if isinstance(name, str)):
             waiting = self._dependents.setdefault((namespace, dependency), set())
             if waits:
                 waiting.add(key)

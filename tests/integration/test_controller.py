@@ -204,27 +204,30 @@ def test_a_new_job_the_controller_skips_is_one_reconcile_leaves_untouched(
 def test_a_controller_that_starts_learns_what_every_job_waits_for(database: db.Database) -> None:
     """Its resync reads every Job's name, phase and dependsOn alone (not whole Jobs): enough to
     wake a pending Job when what it waits for ends, and not troubled by a spec that is no
-    object (that Job is set aside by its own reconcile)."""
+    object or a dependsOn that holds no names (those Jobs are set aside by their own
+    reconciles)."""
     waits, done, odd = make_job("eval").build(), make_job("old").build(), make_job("odd").build()
+    hand_edited = make_job("edited").build()
     waits.spec.depends_on = ["train", "prep"]
     done.spec.depends_on = ["train"]
     with database.write() as session:
         writer = store.Store(session)
-        for j in (make_job("train").build(), waits, done, odd):
+        for j in (make_job("train").build(), waits, done, odd, hand_edited):
             writer.create(j)
         old = writer.get(job.Job, "old", "default")
         old.status.phase = "Succeeded"  # waits for nothing any more
         writer.update_status(old)
     corrupt(database, "Job", "odd", spec=[1, 2])
+    edited_spec = hand_edited.wire()["spec"] | {"dependsOn": [{"name": "train"}, ["x"], 3, "prep"]}
+    corrupt(database, "Job", "edited", spec=edited_spec)
     controller = manager.Controller(database, clock=lambda: T0)
     keys = controller.resync()
-    assert keys == {("Job", "default", n) for n in ("train", "eval", "old", "odd")} | {
-        manager.SCHEDULE
-    }
+    names = ("train", "eval", "old", "odd", "edited")
+    assert keys == {("Job", "default", n) for n in names} | {manager.SCHEDULE}
     eval_key = ("Job", "default", "eval")
     assert controller._dependents == {
         ("default", "train"): {eval_key},
-        ("default", "prep"): {eval_key},
+        ("default", "prep"): {eval_key, ("Job", "default", "edited")},
     }
 
 
