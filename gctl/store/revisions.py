@@ -8,21 +8,23 @@ that a transaction's writes bump once, and the change feed, which every write ap
 watchers read.
 """
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Executable, Result, and_, insert, or_, select, update
+from sqlalchemy import Dialect, Executable, Result, and_, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from gctl.api import meta
-from gctl.store import events, tables
+from gctl.store import events, pgarrays, tables
 
 NOTIFY_CHANNEL = "gctl_changes"
 SCHEDULING_LOCK_KEY = 0x67637463  # "gctc"
 REVISION = tables.Base.metadata.tables[tables.RevisionRow.__tablename__]
 _CHANGES = tables.Base.metadata.tables[tables.ChangeRow.__tablename__]
+Bulk = Callable[[], tuple[str, list[Any]] | None]  # one statement for many rows, or None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ class Revisions:
     clock: Callable[[], datetime]
     _revision: int | None  # this transaction's, once it wrote
     _dialect: str
+
+    @property
+    def _sql_dialect(self) -> Dialect:
+        """SQLAlchemy's dialect of the session's database."""
+        return self.session.get_bind().dialect
+
     _batch: Batch | None  # queued writes, in `batched` mode
 
     if TYPE_CHECKING:  # the queued writes are written by the top layer, `store.Store`
@@ -68,6 +76,18 @@ class Revisions:
         if self._batch is not None and (self._batch.statuses or self._batch.occurrences):
             self._flush()
         return self.session.execute(statement, params)
+
+    def execute_many(
+        self, statement: Executable, params: list[dict[str, Any]], bulk: Bulk
+    ) -> Result[Any]:
+        """`execute` a statement for each of `params`: on PostgreSQL as the one statement
+        `bulk` makes of them (gctl.store.pgarrays), where it makes one."""
+        if self._dialect == "postgresql" and len(params) > 1 and (made := bulk()) is not None:
+            if self._batch is not None and (self._batch.statuses or self._batch.occurrences):
+                self._flush()
+            sql, arrays = made
+            return self.session.connection().exec_driver_sql(sql, tuple(arrays))
+        return self.execute(statement, params)
 
     # -- the revision --------------------------------------------------------------------------
 
@@ -120,7 +140,8 @@ class Revisions:
             for wire in wires
         ]
         if rows:
-            self.execute(insert(_CHANGES), rows)
+            bulk = functools.partial(pgarrays.insert, self._sql_dialect, _CHANGES, rows)
+            self.execute_many(insert(_CHANGES), rows, bulk)
 
     # -- the change feed -----------------------------------------------------------------------
 

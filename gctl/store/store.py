@@ -12,6 +12,7 @@ one transaction, and again from a fresh read when it read a stale object.
 """
 
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ from sqlalchemy import Row, bindparam, delete, exc, insert, update
 from sqlalchemy.orm import Session
 
 from gctl.api import errors, event, meta
-from gctl.store import db, driver, events, reading, revisions, schema, tables
+from gctl.store import db, driver, events, pgarrays, reading, revisions, schema, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
@@ -87,8 +88,10 @@ class Store(reading.Reads):
             created.append(new)
             by_kind.setdefault(obj.KIND, []).append(row)
         for kind, rows in by_kind.items():
+            table = tables.table_of(kind)
             try:
-                self.execute(insert(tables.table_of(kind)), rows)
+                bulk = functools.partial(pgarrays.insert, self._sql_dialect, table, rows)
+                self.execute_many(insert(table), rows, bulk)
             except exc.IntegrityError:
                 names = ", ".join(repr(row["name"]) for row in rows[:3])
                 raise errors.AlreadyExists(f"{kind} {names} already exists") from None
@@ -190,7 +193,8 @@ class Store(reading.Reads):
                 .where(table.c.resource_version == bindparam("b_version"))
                 .values({c: bindparam(f"b_{c}") for c in columns} | {"resource_version": revision})
             )
-            result = self.execute(statement, params)
+            bulk = functools.partial(pgarrays.update, self._sql_dialect, table, params, revision)
+            result = self.execute_many(statement, params, bulk)
             if result.rowcount != len(params):  # type: ignore[attr-defined]
                 for obj, _ in written:
                     if kind == obj.KIND:

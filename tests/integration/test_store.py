@@ -8,8 +8,10 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy
 
 from gctl.api import errors, event, job, meta, pool, queue
 from gctl.store import db, feed, locations, store
@@ -266,6 +268,83 @@ def test_a_stale_object_in_a_batch_fails_it_whole(database: db.Database) -> None
             "Pending",
             "Pending",
         ]
+
+
+def _statements(database: db.Database) -> list[tuple[str, bool]]:
+    """(SQL, executemany) of every statement run on the database from now on."""
+    ran: list[tuple[str, bool]] = []
+
+    def before(*args: Any) -> None:
+        statement, executemany = args[2], args[5]
+        ran.append((" ".join(statement.split()), executemany))
+
+    sqlalchemy.event.listen(database.engine, "before_cursor_execute", before)
+    return ran
+
+
+def test_objects_written_together_are_one_statement_each_on_postgresql(
+    database: db.Database,
+) -> None:
+    """Many rows go into PostgreSQL as one statement of arrays (gctl.store.pgarrays), not one
+    statement a row: and they read back as one written alone does, in the order given, JSON
+    documents, empty and null values, timestamps and all."""
+    odd = make_job("odd").build()
+    odd.metadata.labels = {"team": "a"}
+    odd.metadata.annotations = {"note": 'quotes " and \\ and \u00e9'}
+    odd.metadata.owner_references = [meta.OwnerReference(kind="Sweep", name="s", uid="u")]
+    odd.spec.env = {"EMPTY": ""}
+    (alone,) = _create(database, make_job("alone").build())
+    with database.read() as session:
+        since = store.Store(session).current_revision()
+    ran = _statements(database)
+    together = _create(database, make_job("b").build(), odd, make_job("a").build())
+    for j in together:
+        j.status.phase = "Scheduled"
+        j.status.message = None
+        j.status.gpus = [0, 1]
+    with database.write() as session:
+        written = store.Store(session).write_back(together)
+    with database.read() as session:
+        reader = store.Store(session)
+        read = {j.name: j for j in reader.list_objects(job.Job)}
+        changes = reader.changes_since(since)
+    assert [read[j.name].wire() for j in written] == [j.wire() for j in written]
+    assert read["alone"].wire() == alone.wire()
+    assert [(c.type, c.name) for c in changes] == [
+        ("ADDED", "b"), ("ADDED", "odd"), ("ADDED", "a"),
+        ("MODIFIED", "b"), ("MODIFIED", "odd"), ("MODIFIED", "a"),
+    ]  # fmt: skip
+    assert changes[4].object == written[1].wire()
+    writes = [
+        (sql.split()[0], many) for sql, many in ran if sql.startswith(("INSERT", "UPDATE jobs"))
+    ]
+    if database.dialect == "postgresql":  # jobs, the feed; jobs, the feed
+        assert writes == [
+            ("INSERT", False),
+            ("INSERT", False),
+            ("UPDATE", False),
+            ("INSERT", False),
+        ]
+    else:
+        assert writes == [("INSERT", True), ("INSERT", True), ("UPDATE", True), ("INSERT", True)]
+
+
+def test_an_object_written_twice_in_one_batch_takes_both_writes(database: db.Database) -> None:
+    """Two writes of one object queued together (each on the version the one before left)
+    land in turn, as they would one at a time."""
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    with database.write() as session:
+        writer = store.Store(session)
+        with writer.batched():
+            a.status.phase = "Scheduled"
+            scheduled = writer.update_status(a)
+            b.status.phase = "Scheduled"
+            writer.update_status(b)
+            scheduled.status.phase = "Running"
+            writer.update_status(scheduled)
+    with database.read() as session:
+        read = {j.name: j.status.phase for j in store.Store(session).list_objects(job.Job)}
+    assert read == {"a": "Running", "b": "Scheduled"}
 
 
 def test_shared_reads_follow_every_version_and_leave_out_what_stopped_matching(
