@@ -259,10 +259,12 @@ def _give_up_places(
     naming the Job bound in its place (`takers`); their statuses and Events are written
     together (1,000 Jobs losing their places to Jobs of higher priority
     took 2 s one by one)."""
+    attempts = []
     for d in giving_up:
         queued = d.request.queued
         assert queued is not None
-        writer.remove(world.bindings[(queued.namespace, queued.binding)])
+        attempts.append(world.bindings[(queued.namespace, queued.binding)])
+    writer.remove_many(attempts)
     with writer.batched():
         for d in giving_up:
             if d.placement is None:  # one that moves: `_bind` rewrites its Job

@@ -12,7 +12,7 @@ process, in C, and stays as it is.
 `insert` writes rows in the order given (the change feed's ids are taken in that order);
 `update` is the Store's guarded status write (uid and resourceVersion as read), for rows of
 distinct uids: PostgreSQL would apply only one of two rows of one uid, where executemany
-applies both in turn.
+applies both in turn; `delete` the Store's guarded removal.
 """
 
 from collections.abc import Mapping, Sequence
@@ -54,6 +54,16 @@ def update(
     arrays = [[p[UID] for p in params], [p[VERSION] for p in params]]
     arrays += _arrays(dialect, table, columns, params, "b_")
     return sql, [revision, *arrays]
+
+
+def delete(table: Table, params: Sequence[Mapping[str, Any]]) -> tuple[str, list[Any]]:
+    """The guarded DELETE of rows named by `b_uid` and `b_version` (a row named twice is
+    removed once, as executemany's second statement would remove none)."""
+    sql = (
+        f"DELETE FROM {table.name} AS t USING unnest(%b::text[], %b::bigint[]) "
+        f"AS v({UID}, {VERSION}) WHERE t.uid = v.{UID} AND t.resource_version = v.{VERSION}"
+    )
+    return sql, [[p[UID] for p in params], [p[VERSION] for p in params]]
 
 
 @cache

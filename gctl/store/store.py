@@ -106,7 +106,7 @@ class Store(reading.Reads):
         when the spec changes. A deleting object whose last finalizer goes is removed."""
         current = self._current(obj)
         if current.deleted_at is not None and not obj.metadata.finalizers:
-            return self._remove(type(obj), obj)
+            return self.remove(obj)
         values = _values(obj)
         spec_changed = values["spec"] != current.spec
         generation = current.generation + 1 if spec_changed else current.generation
@@ -220,33 +220,53 @@ class Store(reading.Reads):
             current = self._current(obj)
             marked = self._guarded_update(obj, current, {"deleted_at": self.clock()})
             return marked, False
-        return self._remove(cls, obj), True
+        return self.remove(obj), True
 
     def remove(self, obj: T) -> T:
         """Delete exactly the version of an object that was read (finalizers are not looked
         at): Conflict if anyone wrote it since. For a decision that holds only while the object
         is as read: an attempt bound ahead is moved only while its agent has not taken it."""
-        return self._remove(type(obj), obj)
+        return self.remove_many([obj])[0]
 
-    def _remove(self, cls: type[T], obj: T) -> T:
-        table = tables.table_of(cls.KIND)
+    def remove_many(self, objs: Sequence[T]) -> list[T]:
+        """`remove` each of `objs`, in one statement per kind: Conflict if any of them was
+        written (or removed) since it was read, and then none of them is removed."""
+        if not objs:
+            return []
         revision = self._write_revision()  # the revision row first, as every writer locks it
-        result = self.execute(
-            delete(table).where(
-                table.c.uid == obj.metadata.uid,
-                table.c.resource_version == int(obj.metadata.resource_version or -1),
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for obj in objs:
+            version = int(obj.metadata.resource_version or -1)
+            by_kind.setdefault(obj.KIND, []).append(
+                {"b_uid": obj.metadata.uid, "b_version": version}
             )
-        )
-        if result.rowcount == 0:  # type: ignore[attr-defined]
-            raise errors.Conflict(_stale(obj))
-        metadata = obj.metadata.model_copy(
-            update={
-                "resource_version": str(revision),
-                "deletion_timestamp": obj.metadata.deletion_timestamp or self.clock(),
-            }
-        )
-        gone = obj.model_copy(update={"metadata": metadata})
-        self._record("DELETED", [gone.wire()])
+        for kind, params in by_kind.items():
+            table = tables.table_of(kind)
+            statement = delete(table).where(
+                table.c.uid == bindparam("b_uid"),
+                table.c.resource_version == bindparam("b_version"),
+            )
+            bulk = functools.partial(pgarrays.delete, table, params)
+            result = self.execute_many(statement, params, bulk)
+            if result.rowcount != len(params):  # type: ignore[attr-defined]
+                stale = _stale(objs[0]) if len(objs) == 1 else None
+                raise errors.Conflict(
+                    stale or f"some of {len(params)} {kind}s were modified: retry"
+                )
+        gone = [
+            obj.model_copy(
+                update={
+                    "metadata": obj.metadata.model_copy(
+                        update={
+                            "resource_version": str(revision),
+                            "deletion_timestamp": obj.metadata.deletion_timestamp or self.clock(),
+                        }
+                    )
+                }
+            )
+            for obj in objs
+        ]
+        self._record("DELETED", [obj.wire() for obj in gone])
         return gone
 
     def _current(self, obj: meta.Resource) -> Row[Any]:

@@ -347,6 +347,35 @@ def test_an_object_written_twice_in_one_batch_takes_both_writes(database: db.Dat
     assert read == {"a": "Running", "b": "Scheduled"}
 
 
+def test_objects_removed_together_go_as_read_or_not_at_all(database: db.Database) -> None:
+    """`remove_many` removes exactly the versions read, in one statement per kind, and the
+    change feed records each removal in order; if one was written since it was read, none
+    goes."""
+    a, b, c, d = _create(database, *(make_job(n).build() for n in "abcd"))
+    with database.read() as session:
+        since = store.Store(session).current_revision()
+    ran = _statements(database)
+    with database.write() as session:
+        gone = store.Store(session).remove_many([c, a])
+    assert [(g.name, g.metadata.deletion_timestamp is not None) for g in gone] == [
+        ("c", True),
+        ("a", True),
+    ]
+    deletes = [many for sql, many in ran if sql.startswith("DELETE")]
+    assert deletes == [database.dialect == "sqlite"]  # one statement; SQLite's executemany
+    b.spec.priority = 7
+    with database.write() as session:
+        store.Store(session).update(b)
+    with pytest.raises(errors.Conflict), database.write() as session:
+        store.Store(session).remove_many([d, b])  # b as first read is stale
+    with database.read() as session:
+        reader = store.Store(session)
+        left = [j.name for j in reader.list_objects(job.Job)]
+        changes = [(ch.type, ch.name) for ch in reader.changes_since(since)]
+    assert left == ["b", "d"]
+    assert changes == [("DELETED", "c"), ("DELETED", "a"), ("MODIFIED", "b")]
+
+
 def test_shared_reads_follow_every_version_and_leave_out_what_stopped_matching(
     database: db.Database,
 ) -> None:

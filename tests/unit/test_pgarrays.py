@@ -67,3 +67,14 @@ def test_numbers_of_a_float_column_are_all_floats() -> None:
     assert made is not None
     assert made[1] == [[5.0, 2.5]]
     assert "%b::double precision[]" in made[0]
+
+
+def test_a_guarded_delete_names_rows_by_uid_and_version() -> None:
+    sql, arrays = pgarrays.delete(
+        JOBS, [{"b_uid": "a", "b_version": 3}, {"b_uid": "b", "b_version": 5}]
+    )
+    assert sql == (
+        "DELETE FROM jobs AS t USING unnest(%b::text[], %b::bigint[]) AS v(b_uid, b_version) "
+        "WHERE t.uid = v.b_uid AND t.resource_version = v.b_version"
+    )
+    assert arrays == [["a", "b"], [3, 5]]
