@@ -25,6 +25,9 @@ from sqlalchemy.types import TypeDecorator
 from gctl.store import jsontext
 
 UID, VERSION = "b_uid", "b_version"  # the guard's parameters, as the Store names them
+# The unnested rows' own columns, beside the table's: the guard's, and an inserted row's
+# position. No table has a column of these names (`_columns` makes sure).
+_GUARD, _ROW = f"{UID}, {VERSION}", "gctl_row"
 
 
 def insert(
@@ -60,41 +63,54 @@ def delete(table: Table, params: Sequence[Mapping[str, Any]]) -> tuple[str, list
     """The guarded DELETE of rows named by `b_uid` and `b_version` (a row named twice is
     removed once, as executemany's second statement would remove none)."""
     sql = (
-        f"DELETE FROM {table.name} AS t USING unnest(%b::text[], %b::bigint[]) "
-        f"AS v({UID}, {VERSION}) WHERE t.uid = v.{UID} AND t.resource_version = v.{VERSION}"
+        f"DELETE FROM {_quoted(table.name)} AS t USING unnest(%b::text[], %b::bigint[]) "
+        f"AS v({_GUARD}) WHERE t.uid = v.{UID} AND t.resource_version = v.{VERSION}"
     )
     return sql, [[p[UID] for p in params], [p[VERSION] for p in params]]
 
 
 @cache
 def _insert_sql(table: Table, columns: tuple[str, ...]) -> str:
-    names = ", ".join(columns)
-    values = ", ".join(_value(table, c, f"v.{c}") for c in columns)
+    names = _columns(table, columns)
+    values = ", ".join(_value(table, c) for c in columns)
     return (
-        f"INSERT INTO {table.name} ({names}) SELECT {values} FROM "
-        f"unnest({_array_params(table, columns)}) WITH ORDINALITY AS v({names}, n) ORDER BY n"
+        f"INSERT INTO {_quoted(table.name)} ({names}) SELECT {values} FROM "
+        f"unnest({_array_params(table, columns)}) WITH ORDINALITY AS v({names}, {_ROW}) "
+        f"ORDER BY {_ROW}"
     )
 
 
 @cache
 def _update_sql(table: Table, columns: tuple[str, ...]) -> str:
-    sets = ", ".join(f"{c} = {_value(table, c, f'v.{c}')}" for c in columns)
-    names = ", ".join(columns)
+    sets = ", ".join(f"{_quoted(c)} = {_value(table, c)}" for c in columns)
+    names = _columns(table, columns)
     arrays = _array_params(table, columns)
     return (
-        f"UPDATE {table.name} AS t SET {sets}, resource_version = %s FROM "
-        f"unnest(%b::text[], %b::bigint[], {arrays}) AS v({UID}, {VERSION}, {names}) "
+        f"UPDATE {_quoted(table.name)} AS t SET {sets}, resource_version = %s FROM "
+        f"unnest(%b::text[], %b::bigint[], {arrays}) AS v({_GUARD}, {names}) "
         f"WHERE t.uid = v.{UID} AND t.resource_version = v.{VERSION}"
     )
+
+
+def _columns(table: Table, columns: tuple[str, ...]) -> str:
+    if clash := {UID, VERSION, _ROW} & set(columns):
+        raise ValueError(f"{table.name}: a column named {clash.pop()} clashes with pgarrays'")
+    return ", ".join(_quoted(c) for c in columns)
 
 
 def _array_params(table: Table, columns: tuple[str, ...]) -> str:
     return ", ".join(f"%b::{_element(table, c)}[]" for c in columns)
 
 
-def _value(table: Table, column: str, value: str) -> str:
+def _value(table: Table, column: str) -> str:
     """The column's value from its array element: JSON documents travel as text."""
+    value = f"v.{_quoted(column)}"
     return f"CAST({value} AS jsonb)" if isinstance(table.c[column].type, JSON) else value
+
+
+def _quoted(name: str) -> str:
+    """A table's or column's name as PostgreSQL reads it whatever it is (`order`, `user`)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _element(table: Table, column: str) -> str:

@@ -3,6 +3,7 @@
 
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy.dialects import postgresql
 
 from gctl.store import pgarrays, tables
@@ -36,9 +37,9 @@ def test_each_column_travels_as_one_array_of_what_sqlalchemy_would_bind() -> Non
     assert made is not None
     sql, arrays = made
     assert sql == (
-        "INSERT INTO jobs (uid, created_at, spec) SELECT v.uid, v.created_at, "
-        "CAST(v.spec AS jsonb) FROM unnest(%b::text[], %b::timestamptz[], %b::text[]) "
-        "WITH ORDINALITY AS v(uid, created_at, spec, n) ORDER BY n"
+        'INSERT INTO "jobs" ("uid", "created_at", "spec") SELECT v."uid", v."created_at", '
+        'CAST(v."spec" AS jsonb) FROM unnest(%b::text[], %b::timestamptz[], %b::text[]) '
+        'WITH ORDINALITY AS v("uid", "created_at", "spec", gctl_row) ORDER BY gctl_row'
     )
     midnight = datetime(2026, 1, 1, tzinfo=UTC)  # in UTC, naive ones taken as UTC
     assert arrays == [["a", "b"], [midnight, midnight], ['{"x":1}', "null"]]
@@ -53,9 +54,9 @@ def test_a_guarded_update_sets_the_new_revision_where_uid_and_version_match() ->
     assert made is not None
     sql, arrays = made
     assert sql == (
-        "UPDATE jobs AS t SET phase = v.phase, status = CAST(v.status AS jsonb), "
+        'UPDATE "jobs" AS t SET "phase" = v."phase", "status" = CAST(v."status" AS jsonb), '
         "resource_version = %s FROM unnest(%b::text[], %b::bigint[], %b::text[], %b::text[]) "
-        "AS v(b_uid, b_version, phase, status) "
+        'AS v(b_uid, b_version, "phase", "status") '
         "WHERE t.uid = v.b_uid AND t.resource_version = v.b_version"
     )
     assert arrays == [9, ["a", "b"], [3, 4], ["Running", "Failed"], ['{"phase":"Running"}', "{}"]]
@@ -74,7 +75,13 @@ def test_a_guarded_delete_names_rows_by_uid_and_version() -> None:
         JOBS, [{"b_uid": "a", "b_version": 3}, {"b_uid": "b", "b_version": 5}]
     )
     assert sql == (
-        "DELETE FROM jobs AS t USING unnest(%b::text[], %b::bigint[]) AS v(b_uid, b_version) "
+        'DELETE FROM "jobs" AS t USING unnest(%b::text[], %b::bigint[]) AS v(b_uid, b_version) '
         "WHERE t.uid = v.b_uid AND t.resource_version = v.b_version"
     )
     assert arrays == [["a", "b"], [3, 5]]
+
+
+def test_a_column_named_as_the_rows_own_columns_is_refused() -> None:
+    """The unnested rows carry the guard and their position beside the table's columns."""
+    with pytest.raises(ValueError, match="gctl_row"):
+        pgarrays.insert(DIALECT, JOBS, [{"gctl_row": 1}, {"gctl_row": 2}])
