@@ -70,7 +70,8 @@ def wires(
     uids = list(missing)
     for start in range(0, len(uids), CHUNK):
         chunk = uids[start : start + CHUNK]
-        for row in execute(select(*tables.readable(table)).where(*where, table.c.uid.in_(chunk))):
+        query = select(*tables.readable(table)).where(*where, table.c.uid.in_(chunk))
+        for row in execute(query).all():  # fetched at once: psycopg's fetchone is a call a row
             found[missing[row.uid]] = wire = listing.row_to_wire(cls.INFO, row._mapping)
             _DECODED[row.uid] = (row.resource_version, wire)
     # On PostgreSQL a row may have changed, stopped matching or gone between the two reads:

@@ -378,6 +378,19 @@ def test_objects_removed_together_go_as_read_or_not_at_all(database: db.Database
     assert changes == [("DELETED", "c"), ("DELETED", "a"), ("MODIFIED", "b")]
 
 
+def test_documents_come_as_text_and_are_decoded_by_the_store(database: db.Database) -> None:
+    """A read the Store decodes itself asks for the JSON documents as text on PostgreSQL too
+    (not decoded by psycopg on arrival, empty ones and all), and reads them as written."""
+    (a,) = _create(database, make_job("a").build())
+    ran = _statements(database)
+    with database.read() as session:
+        (read,) = store.Store(session).pending_wires()
+    assert read == a.wire()
+    reads = [sql for sql, _ in ran if sql.startswith("SELECT") and "jobs.spec" in sql]
+    as_text = "CAST(jobs.spec AS TEXT)" if database.dialect == "postgresql" else "jobs.spec AS"
+    assert reads and all(as_text in sql for sql in reads)
+
+
 def test_shared_reads_follow_every_version_and_leave_out_what_stopped_matching(
     database: db.Database,
 ) -> None:
