@@ -58,17 +58,16 @@ class Revisions:
     clock: Callable[[], datetime]
     _revision: int | None  # this transaction's, once it wrote
     _dialect: str
-
-    @property
-    def _sql_dialect(self) -> Dialect:
-        """SQLAlchemy's dialect of the session's database."""
-        return self.session.get_bind().dialect
-
     _batch: Batch | None  # queued writes, in `batched` mode
 
     if TYPE_CHECKING:  # the queued writes are written by the top layer, `store.Store`
 
         def _flush(self) -> None: ...
+
+    @property
+    def _sql_dialect(self) -> Dialect:
+        """SQLAlchemy's dialect of the session's database."""
+        return self.session.get_bind().dialect
 
     def execute(self, statement: Executable, params: Any = None) -> Result[Any]:
         """Run one statement of the store's own (its layers' and their helpers'), after the
