@@ -218,10 +218,9 @@ def _validate(
         raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
     cls = kinds.model(kind)
     body = {key: value for key, value in document.items() if key != "status"}
-    unstorable = _first(body, "", _unstorable)
-    if unstorable is not None and isinstance(unstorable[1], str):
+    if (path := _first_path(body, "", _holds_nul)) is not None:
         raise errors.Invalid(
-            f"{where}: {prefix}{unstorable[0]}: contains a NUL character, which no command, "
+            f"{where}: {prefix}{path}: contains a NUL character, which no command, "
             "environment variable or database can hold"
         )
     try:
@@ -229,9 +228,11 @@ def _validate(
     except pydantic.ValidationError as exc:
         raise errors.Invalid(f"{where}: {first_error(exc, prefix)}") from None
     # A number: refused after the fields' own checks, which say it better where a field has a
-    # range, and only where it is stored as a number (a Sweep's items are stored as text).
-    if unstorable is not None and (number := _first(obj.wire(), "", _unstored_number)):
-        raise errors.Invalid(f"{where}: {prefix}{number[0]}: {_UNSTORED_NUMBER}")
+    # range, and only where it is stored as a number (a Sweep's items are stored as text); the
+    # stored form is walked only where the manifest holds one.
+    unstored = _first_path(body, "", _unstored_number) is not None
+    if unstored and (path := _first_path(obj.wire(), "", _unstored_number)) is not None:
+        raise errors.Invalid(f"{where}: {prefix}{path}: {_UNSTORED_NUMBER}")
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     field = "metadata.name"
     try:
@@ -258,22 +259,26 @@ def _validate(
     return obj
 
 
-def _first(value: Any, path: str, bad: Callable[[Any], bool]) -> tuple[str, Any] | None:
-    """The field path and value of the first key or value in `value` that `bad` says is so."""
+def _first_path(value: Any, path: str, bad: Callable[[Any], bool]) -> str | None:
+    """The field path of the first key or value in `value` that `bad` says is so, if any."""
     if isinstance(value, dict):
         for key, item in value.items():
             here = f"{path}.{key}" if path else str(key)
             if bad(key):
-                return here, key
-            if (found := _first(item, here, bad)) is not None:
+                return here
+            if (found := _first_path(item, here, bad)) is not None:
                 return found
         return None
     if isinstance(value, list):
         for index, item in enumerate(value):
-            if (found := _first(item, f"{path}[{index}]", bad)) is not None:
+            if (found := _first_path(item, f"{path}[{index}]", bad)) is not None:
                 return found
         return None
-    return (path, value) if bad(value) else None
+    return path if bad(value) else None
+
+
+def _holds_nul(value: Any) -> bool:
+    return isinstance(value, str) and "\x00" in value
 
 
 # Stored numbers are JSON's as Kubernetes reads it: 64-bit integers and finite doubles
@@ -285,16 +290,8 @@ _UNSTORED_NUMBER = (
 )
 
 
-def _unstorable(value: Any) -> bool:
-    """What no database holds as given: a string holding a NUL character, or a number JSON as
-    gctl stores it cannot hold."""
-    if isinstance(value, str):
-        return "\x00" in value
-    return _unstored_number(value)
-
-
 def _unstored_number(value: Any) -> bool:
-    """An integer beyond 64 bits, NaN or an infinity."""
+    """An integer beyond 64 bits, NaN or an infinity: JSON as gctl stores it holds none."""
     if isinstance(value, bool):
         return False
     if isinstance(value, int):

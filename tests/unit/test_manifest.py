@@ -152,6 +152,11 @@ def test_status_and_server_fields_are_ignored_not_refused() -> None:
         ),
         (_job('{command: ["a", "b\\0c"]}'), "spec.command[1]: contains a NUL character"),
         (_job('{command: x, env: {A: "\\0"}}'), "spec.env.A: contains a NUL character"),
+        # a NUL after a number stored as text (a Sweep's item), which is no error
+        (
+            _sweep(f'{{items: [{2**70}], template: {{spec: {{command: ["a", "b\\0"]}}}}}}'),
+            "spec.template.spec.command[1]: contains a NUL character",
+        ),
         (_job("{}"), "spec.command: required field is missing"),
         (_job("{comand: x}"), "spec.comand: unknown field (and 1 more)"),
         ("apiVersion: gctl/v1\nkind: Jobz\nmetadata: {name: h}\n", "kind 'Jobz' is not a kind"),
