@@ -42,8 +42,8 @@ _EMPTY: dict[str, Any] = {"{}": {}, "[]": []}
 
 
 def _document(value: Any, loads: Callable[[str], Any] = jsontext.loads) -> Any:
-    """A JSON column's value: decoded by psycopg already, JSON text from sqlite3 (`loads`
-    reads it: `jsontext.loads_of` its kind)."""
+    """A JSON column's value: decoded already where SQLAlchemy or psycopg read it as JSON,
+    else its text (`loads` reads it: `jsontext.loads_of` its kind)."""
     if not isinstance(value, str):
         return value
     empty = _EMPTY.get(value)

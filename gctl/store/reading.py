@@ -123,18 +123,16 @@ class Reads(revisions.Revisions):
         order = (table.c.priority.desc(), table.c.created_at, table.c.name)
         return shared.wires(self.execute, job.Job, [table.c.phase == "Pending"], order)
 
-    def job_waits(self) -> list[tuple[str, str, str, list[Any]]]:
-        """Every Job as (namespace, name, phase, its spec's dependsOn), unvalidated: what a
-        controller that starts needs of them, without reading and decoding every Job (100,000
-        took seconds and 200 MB more than the controller holds after)."""
+    def job_waits(self) -> list[tuple[str, str, str, Any]]:
+        """Every Job as (namespace, name, phase, its spec's dependsOn), unvalidated (a hand
+        edit may have left anything there, or nothing): what a controller that starts needs
+        of them, without reading and decoding every Job (100,000 took seconds and 200 MB more
+        than the controller holds after)."""
         table = tables.table_of(job.Job.KIND)
         depends = table.c.spec["dependsOn"]
         query = select(table.c.namespace, table.c.name, table.c.phase, depends)
         rows: Sequence[Any] = self.execute(query).all()
-        return [
-            (namespace, name, phase, names if isinstance(names, list) else [])
-            for namespace, name, phase, names in rows
-        ]
+        return [tuple(row) for row in rows]
 
     def pending_wires_of(self, uids: Sequence[str]) -> list[dict[str, Any]]:
         """`pending_wires` among these Jobs (by uid), in no order."""

@@ -57,24 +57,24 @@ class Revisions:
     session: Session
     clock: Callable[[], datetime]
     _revision: int | None  # this transaction's, once it wrote
-    _dialect: str
+    _dialect: str  # the name of `_sql_dialect`
+    _sql_dialect: Dialect  # SQLAlchemy's, of the session's database
     _batch: Batch | None  # queued writes, in `batched` mode
 
     if TYPE_CHECKING:  # the queued writes are written by the top layer, `store.Store`
 
         def _flush(self) -> None: ...
 
-    @property
-    def _sql_dialect(self) -> Dialect:
-        """SQLAlchemy's dialect of the session's database."""
-        return self.session.get_bind().dialect
-
     def execute(self, statement: Executable, params: Any = None) -> Result[Any]:
         """Run one statement of the store's own (its layers' and their helpers'), after the
         writes queued in `batched` mode, so that it sees them and follows them."""
+        self._flush_queued()
+        return self.session.execute(statement, params)
+
+    def _flush_queued(self) -> None:
+        """Write what `batched` mode has queued, if anything: before any other statement."""
         if self._batch is not None and (self._batch.statuses or self._batch.occurrences):
             self._flush()
-        return self.session.execute(statement, params)
 
     def execute_many(
         self, statement: Executable, params: list[dict[str, Any]], bulk: Bulk
@@ -82,8 +82,7 @@ class Revisions:
         """`execute` a statement for each of `params`: on PostgreSQL as the one statement
         `bulk` makes of them (gctl.store.pgarrays), where it makes one."""
         if self._dialect == "postgresql" and len(params) > 1 and (made := bulk()) is not None:
-            if self._batch is not None and (self._batch.statuses or self._batch.occurrences):
-                self._flush()
+            self._flush_queued()
             sql, arrays = made
             return self.session.connection().exec_driver_sql(sql, tuple(arrays))
         return self.execute(statement, params)

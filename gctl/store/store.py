@@ -39,7 +39,8 @@ class Store(reading.Reads):
         self.session = session
         self.clock = clock
         self._revision = None
-        self._dialect = session.get_bind().dialect.name
+        self._sql_dialect = session.get_bind().dialect
+        self._dialect = self._sql_dialect.name
         self._events = events.EventLog(self)
         self._batch = None  # queued writes, in `batched` mode
 
