@@ -94,10 +94,12 @@ class Transaction:
         revision = self._write_revision()
         start = self.clock()
         created: list[T] = []
+        wires: list[dict[str, Any]] = []
         rows: dict[str, list[dict[str, Any]]] = {}
         for position, obj in enumerate(objs):
-            new, row = creation(obj, revision, start + timedelta(microseconds=position))
+            new, row, wire = creation(obj, revision, start + timedelta(microseconds=position))
             created.append(new)
+            wires.append(wire)
             rows.setdefault(new.KIND, []).append(_encoded(row))
         for kind, kind_rows in rows.items():
             columns = list(kind_rows[0])
@@ -110,8 +112,8 @@ class Transaction:
             "INSERT INTO changes (revision, type, kind, namespace, name, uid, object) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (revision, "ADDED", o.KIND, o.namespace, o.name, o.metadata.uid, _json(o.wire()))
-                for o in created
+                (revision, "ADDED", o.KIND, o.namespace, o.name, o.metadata.uid, _json(wire))
+                for o, wire in zip(created, wires, strict=True)
             ],
         )
         return created
@@ -126,10 +128,11 @@ class Transaction:
         return self._revision
 
 
-def creation(obj: "T", revision: int, now: datetime) -> "tuple[T, dict[str, Any]]":
+def creation(obj: "T", revision: int, now: datetime) -> "tuple[T, dict[str, Any], dict[str, Any]]":
     """`obj` as created at `revision` and `now` (its server fields assigned, whatever it
-    carried: a new uid, generation 1), and the values of its row, JSON columns as Python
-    values: what `Store.create_many` makes of an object, in a form without SQLAlchemy."""
+    carried: a new uid, generation 1), the values of its row, JSON columns as Python values,
+    and its wire form (for its change): what `Store.create_many` makes of an object, in a form
+    without SQLAlchemy."""
     metadata = obj.metadata.model_copy(
         update={
             "namespace": listing.namespace_of(obj.INFO, obj.metadata.namespace) or None,
@@ -143,22 +146,26 @@ def creation(obj: "T", revision: int, now: datetime) -> "tuple[T, dict[str, Any]
     new = obj.model_copy(update={"metadata": metadata})
     wire = new.wire()
     spec, status = wire.get("spec", {}), wire.get("status", {})
-    return new, {
-        "uid": metadata.uid,
-        "namespace": metadata.namespace or "",
-        "name": metadata.name,
-        "labels": metadata.labels,
-        "annotations": metadata.annotations,
-        "finalizers": metadata.finalizers,
-        "owner_references": wire["metadata"].get("ownerReferences", []),
-        "generation": 1,
-        "resource_version": revision,
-        "created_at": now,
-        "deleted_at": None,
-        "spec": spec,
-        "status": status,
-        **schema.derived(new.KIND, spec, status),
-    }
+    return (
+        new,
+        {
+            "uid": metadata.uid,
+            "namespace": metadata.namespace or "",
+            "name": metadata.name,
+            "labels": metadata.labels,
+            "annotations": metadata.annotations,
+            "finalizers": metadata.finalizers,
+            "owner_references": wire["metadata"].get("ownerReferences", []),
+            "generation": 1,
+            "resource_version": revision,
+            "created_at": now,
+            "deleted_at": None,
+            "spec": spec,
+            "status": status,
+            **schema.derived(new.KIND, spec, status),
+        },
+        wire,
+    )
 
 
 def _encoded(row: dict[str, Any]) -> dict[str, Any]:

@@ -83,10 +83,13 @@ class Store(reading.Reads):
         revision = self._write_revision()
         start = self.clock()
         created: list[T] = []
+        wires: list[dict[str, Any]] = []
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for position, obj in enumerate(objs):
-            new, row = driver.creation(obj, revision, start + timedelta(microseconds=position))
+            moment = start + timedelta(microseconds=position)
+            new, row, wire = driver.creation(obj, revision, moment)
             created.append(new)
+            wires.append(wire)
             by_kind.setdefault(obj.KIND, []).append(row)
         for kind, rows in by_kind.items():
             table = tables.table_of(kind)
@@ -96,7 +99,7 @@ class Store(reading.Reads):
             except exc.IntegrityError:
                 names = ", ".join(repr(row["name"]) for row in rows[:3])
                 raise errors.AlreadyExists(f"{kind} {names} already exists") from None
-        self._record("ADDED", (obj.wire() for obj in created))
+        self._record("ADDED", wires)
         return created
 
     def create(self, obj: T) -> T:

@@ -1,7 +1,9 @@
 """Reading manifests: what is accepted, and one-line errors that name file, document and field."""
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -405,3 +407,216 @@ def test_a_manifest_reached_through_a_symlink_stores_the_path_the_agent_finds(
     monkeypatch.chdir(real / "elsewhere" / "link")
     named.append(manifest.parse("job.yaml", text)[0].obj.spec.working_dir)
     assert named == [str(real / "data")] * 4
+
+
+# Scalars written plainly, one for each rule of the safe loader's resolver (and a few near
+# them), so that a loader that reads one differently from PyYAML's fails here.
+PLAIN_SCALARS = [
+    "",
+    "~",
+    "null",
+    "Null",
+    "NULL",
+    "nul",
+    "true",
+    "True",
+    "yes",
+    "No",
+    "off",
+    "ON",
+    "y",
+    "n",
+    "0",
+    "-0",
+    "+12",
+    "0x1F",
+    "0o17",
+    "017",
+    "0b101",
+    "1_000",
+    "190:20:30",
+    "-1.5",
+    "1e3",
+    "1.0e+3",
+    ".inf",
+    "-.Inf",
+    ".nan",
+    ".NaN",
+    "6.8523015e+5",
+    "2001-12-14",
+    "2001-12-14t21:59:43.10-05:00",
+    "2001-12-14 21:59:43.10",
+    "<<",
+    "=",
+    "!",
+    "&",
+    "*",
+    "hello",
+    "gctl/v1",
+    "Job",
+    "1.2.3",
+    "-",
+    "--seed",
+    "0.5",
+    "24Gi",
+    "3:30",
+]
+
+
+class _PyYAML(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The loader gctl had before its own walk: PyYAML's, refusing a repeated key."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        manifest._refuse_repeated_keys(node)
+        result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return result
+
+
+def _safe(text: str) -> str:
+    """What PyYAML's safe loader reads from `text`, or the error it gives, as text (a NaN is
+    not equal to itself)."""
+    return _read(text, _PyYAML)
+
+
+def _ours(text: str) -> str:
+    return _read(text, manifest._Loader)
+
+
+def _read(text: str, loader: type[yaml.SafeLoader]) -> str:
+    try:
+        documents = list(yaml.load_all(text, Loader=loader))
+    except yaml.YAMLError as exc:
+        return f"error: {exc}"
+    return repr([(d, _types(d)) for d in documents])
+
+
+def _types(value: object) -> object:
+    if isinstance(value, dict):
+        return [(type(k).__name__, _types(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("scalar", PLAIN_SCALARS)
+def test_plain_scalars_read_as_pyyaml_reads_them(scalar: str) -> None:
+    text = f"- {scalar}\n- k: {scalar}\n- {{{scalar or 'e'}: v}}\n- '{scalar}'\n"
+    assert _ours(text) == _safe(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        GOOD,
+        "a: &x {b: [1, 2]}\nc: *x\nd: [*x, *x]\n",  # aliases
+        "base: &b {x: 1, y: 2}\nmine:\n  <<: *b\n  y: 3\n",  # a merge key
+        "s: !!set {a, b}\no: !!omap [{a: 1}, {b: 2}]\np: !!pairs [{a: 1}, {a: 2}]\n",
+        "b: !!binary aGVsbG8=\nt: !!timestamp 2001-12-14\nf: !!float 1\ns: !!str 12\n",
+        "? [1, 2]\n: pair as a key\n",
+        "[" * 300 + "]" * 300,
+        "---\n---\na: 1\n...\n---\n- 1\n",
+        "k: 'quoted: yes'\nl: |\n  two\n  lines\nm: >\n  folded\n  text\n",
+    ],
+)
+def test_documents_read_as_pyyaml_reads_them(text: str) -> None:
+    assert _ours(text) == _safe(text)
+
+
+def test_aliases_are_one_object_as_in_pyyaml() -> None:
+    [document] = yaml.load_all(
+        "a: &x {b: [1]}\nc: *x\nl: &y [1]\nm: [*y]\n", Loader=manifest._Loader
+    )
+    assert isinstance(document, dict)
+    assert document["a"] is document["c"]
+    assert document["l"] is document["m"][0]
+
+
+def test_a_document_deeper_than_the_walk_can_go_is_read_by_pyyaml() -> None:
+    text = "[" * 2000 + "]" * 2000
+    assert _ours(text) == _safe(text)
+
+
+def test_a_repeated_key_is_refused_wherever_it_is() -> None:
+    for text in ("a: 1\na: 2\n", "x: [{a: 1, a: 2}]\n", "x: &y {b: 1}\nz: {<<: *y, c: 1, c: 2}\n"):
+        with pytest.raises(errors.Invalid, match="appears twice in one mapping"):
+            manifest.parse("r.yaml", text)
+
+
+def test_random_documents_read_as_pyyaml_reads_them() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    leaves = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.text(max_size=8),
+        st.sampled_from(PLAIN_SCALARS),
+    )
+    values = st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
+        max_leaves=20,
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(values, st.booleans())
+    def check(value: object, flow: bool) -> None:
+        text = yaml.safe_dump(value, default_flow_style=flow)
+        assert _ours(text) == _safe(text)
+
+    check()
+
+
+def test_plain_documents_are_read_without_pyyaml_constructor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    used: list[object] = []
+    generic = yaml.constructor.BaseConstructor.construct_document
+
+    def recorded(self: yaml.constructor.BaseConstructor, node: yaml.Node) -> Any:
+        used.append(node)
+        return generic(self, node)
+
+    monkeypatch.setattr(yaml.constructor.BaseConstructor, "construct_document", recorded)
+    assert len(manifest.parse("x.yaml", GOOD)) == 2
+    assert used == []
+    manifest.parse("x.yaml", _job("{command: x, env: &e {A: '1'}, dependsOn: []}"))
+    assert used == []
+    manifest.parse("x.yaml", _job("{<<: {command: x}, env: {A: '1'}}"))
+    assert len(used) == 1  # a merge key: PyYAML's constructor
+
+
+def test_a_directorys_files_are_read_in_pathlibs_order_and_naming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a/b.yaml", "a-c/x.yaml", "a/z/y.yml", "top.json", "a/.hidden.yaml", ".d/h.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"# {name}\n")
+    (tmp_path / "notes.txt").write_text("not a manifest\n")
+    monkeypatch.chdir(tmp_path)
+    for root in (".", "./", str(tmp_path), "a/../a"):
+        read = [name for name, _ in manifest.read_sources([root], recursive=True)]
+        walked = [
+            Path(d) / f
+            for d, ds, fs in os.walk(root)
+            for f in fs
+            if f.endswith((".yaml", ".yml", ".json")) and not f.startswith(".")
+            if ".d" not in Path(d).parts
+        ]
+        assert read == [str(p) for p in sorted(walked)]
+    assert [name for name, _ in manifest.read_sources(["."], recursive=True)] == [
+        "a/b.yaml",
+        "a/z/y.yml",
+        "a-c/x.yaml",
+        "top.json",
+    ]
+
+
+def test_line_ends_of_any_kind_read_as_newlines(tmp_path: Path) -> None:
+    for name, text in (("crlf.yaml", "a: |\r\n  x\r\n  y\r\n"), ("cr.yaml", "a: |\r  x\r  y\r")):
+        (tmp_path / name).write_bytes(text.encode())
+        [(_, read)] = manifest.read_sources([str(tmp_path / name)], recursive=False)
+        assert read == "a: |\n  x\n  y\n"
+        assert (tmp_path / name).read_text() == read  # as a file opened as text reads it
