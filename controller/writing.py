@@ -478,15 +478,16 @@ def _preempt(
         if start and budget.late():
             return False
         said: list[tuple[job.Job, str, str]] = []
+        stopping: dict[tuple[str, str], binding.Binding] = {}
         for d in preempting[start : start + BATCH]:
             who = f"{d.request.namespace}/{d.request.name}"
             for victim in d.victims:
-                shared = world.bindings.get((victim.namespace, victim.binding))
-                if shared is None or shared.spec.stop_reason is not None:
+                key = (victim.namespace, victim.binding)
+                shared = world.bindings.get(key)
+                if shared is None or shared.spec.stop_reason is not None or key in stopping:
                     continue
-                attempt = shared.model_copy(deep=True)
+                attempt = stopping[key] = shared.model_copy(deep=True)
                 attempt.spec.stop_reason = binding.STOP_PREEMPTED
-                writer.update(attempt)
                 owner = world.running.get((victim.namespace, victim.job))
                 if owner is not None:
                     gpus = ",".join(str(g) for g in victim.gpus)
@@ -500,6 +501,7 @@ def _preempt(
                     )
             preemptor = stored.validated(job.Job, by_key[(d.request.namespace, d.request.name)])
             said.append((preemptor, "Preempting", d.message))
+        writer.update_many(list(stopping.values()))
         with writer.batched():
             for involved, reason, message in said:
                 writer.record_event(involved, reason, message, source=SOURCE)

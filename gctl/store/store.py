@@ -163,13 +163,48 @@ class Store(reading.Reads):
             for obj in objs
         ]
 
+    def update_many(self, objs: Sequence[T]) -> list[T]:
+        """`update` objects read from the store whose spec the caller changed (a Binding asked
+        to stop), one guarded statement per kind for all: each one's generation moves by one,
+        as `update` moves it for a changed spec. Conflict if any of them was written since it
+        was read, and then none of them is. Not for an object being deleted whose last
+        finalizer goes (`update` removes it)."""
+        for obj in objs:
+            if obj.metadata.deletion_timestamp is not None and not obj.metadata.finalizers:
+                raise ValueError(f"{obj.KIND} {obj.name}: its last finalizer goes: update it")
+            if obj.metadata.generation is None:
+                raise ValueError(f"{obj.KIND} {obj.name}: update many only objects read")
+        written = [(obj, obj.wire()) for obj in objs]
+        for _, wire in written:
+            wire["metadata"]["generation"] += 1
+        self._write_wires(written, metadata=True, spec=True)
+        revision = str(self._write_revision()) if objs else None
+        return [
+            obj.model_copy(
+                update={
+                    "metadata": obj.metadata.model_copy(
+                        update={
+                            "resource_version": revision,
+                            "generation": wire["metadata"]["generation"],
+                        }
+                    )
+                }
+            )
+            for obj, wire in written
+        ]
+
     def _write_wires(
-        self, written: Sequence[tuple[meta.Resource, dict[str, Any]]], *, metadata: bool
+        self,
+        written: Sequence[tuple[meta.Resource, dict[str, Any]]],
+        *,
+        metadata: bool,
+        spec: bool = False,
     ) -> None:
-        """Write the status (and with `metadata`, the metadata) of objects read from the store,
-        each as its wire was when the write was asked for: one guarded statement per kind for
-        all of them, and one change-feed insert. Conflict (or NotFound) if any was written
-        since it was read, and then nothing of them is."""
+        """Write the status (and with `metadata`, the metadata; with `spec`, the spec and the
+        generation) of objects read from the store, each as its wire was when the write was
+        asked for: one guarded statement per kind for all of them, and one change-feed insert.
+        Conflict (or NotFound) if any was written since it was read, and then nothing of them
+        is."""
         if not written:
             return
         revision = self._write_revision()
@@ -180,7 +215,10 @@ class Store(reading.Reads):
             if uid is None or version is None:
                 raise ValueError(f"{obj.KIND} {obj.name}: write back only objects read")
             values = _wire_values(obj.KIND, wire)
-            values.pop("spec")
+            if spec:
+                values["generation"] = wire["metadata"]["generation"]
+            else:
+                values.pop("spec")
             if not metadata:
                 values = {k: v for k, v in values.items() if k not in _METADATA_COLUMNS}
             by_kind.setdefault(obj.KIND, []).append(

@@ -378,6 +378,49 @@ def test_objects_removed_together_go_as_read_or_not_at_all(database: db.Database
     assert changes == [("DELETED", "c"), ("DELETED", "a"), ("MODIFIED", "b")]
 
 
+def test_specs_written_together_land_as_one_update_each_would(database: db.Database) -> None:
+    """`update_many` writes the changed specs of objects read, in one statement per kind, and
+    leaves each as `update` leaves it (generation moved, derived columns, the change feed);
+    if one was written since it was read, none of them is."""
+    a, b, c, d = _create(database, *(make_job(n).build() for n in "abcd"))
+    for j in (a, b, c):
+        j.spec.priority = 5
+        j.metadata.labels = {"moved": "yes"}
+    with database.write() as session:
+        alone = store.Store(session).update(c)
+    with database.read() as session:
+        since = store.Store(session).current_revision()
+    ran = _statements(database)
+    with database.write() as session:
+        written = store.Store(session).update_many([b, a])
+    with database.read() as session:
+        reader = store.Store(session)
+        read = {j.name: j for j in reader.list_objects(job.Job)}
+        changes = reader.changes_since(since)
+        queue = [j.name for j in reader.list_objects(job.Job) if j.spec.priority == 5]
+    assert [w.wire() for w in written] == [read["b"].wire(), read["a"].wire()]
+    for name in "ab":
+        assert read[name].metadata.generation == alone.metadata.generation == 2
+        mine, its = read[name].wire(), alone.wire()
+        for w in (mine, its):
+            del w["metadata"]["name"], w["metadata"]["uid"], w["metadata"]["resourceVersion"]
+            del w["metadata"]["creationTimestamp"], w["spec"]["command"]
+        assert mine == its
+    assert queue == ["a", "b", "c"]
+    assert [(ch.type, ch.name) for ch in changes] == [("MODIFIED", "b"), ("MODIFIED", "a")]
+    assert changes[0].object == read["b"].wire()
+    updates = [many for sql, many in ran if sql.startswith(("UPDATE jobs", 'UPDATE "jobs"'))]
+    assert updates == [database.dialect == "sqlite"]  # one statement; SQLite's executemany
+    d.spec.priority = 9
+    stale = read["a"]
+    stale.spec.priority = 1
+    with pytest.raises(errors.Conflict), database.write() as session:
+        store.Store(session).update_many([d, a])  # a as first read is stale
+    with database.read() as session:
+        after = {j.name: j.spec.priority for j in store.Store(session).list_objects(job.Job)}
+    assert after == {"a": 5, "b": 5, "c": 5, "d": 0}
+
+
 def test_documents_come_as_text_and_are_decoded_by_the_store(database: db.Database) -> None:
     """A read the Store decodes itself asks for the JSON documents as text on PostgreSQL too
     (not decoded by psycopg on arrival, empty ones and all), and reads them as written."""
