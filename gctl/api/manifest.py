@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pydantic
 import yaml
 
-from gctl.api import dependencies, errors, kinds, meta, names
+from gctl.api import dependencies, errors, kinds, meta, names, yamlcodec
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 STDIN = "-"
@@ -37,115 +37,6 @@ class Source:
 class Manifest:
     source: Source
     obj: meta.Resource
-
-
-_TAG = "tag:yaml.org,2002:"
-_STR, _MAP, _SEQ = f"{_TAG}str", f"{_TAG}map", f"{_TAG}seq"
-# The scalars whose constructors are plain functions of the node (the rest are generators).
-_SCALARS = frozenset(f"{_TAG}{name}" for name in ("null", "bool", "int", "float", "timestamp"))
-
-
-_ANY_FIRST: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    yaml.SafeLoader.yaml_implicit_resolvers.get(None, [])
-)
-_IMPLICIT = {  # by a plain scalar's first character, in the order the safe loader tries them
-    first: (*found, *_ANY_FIRST)
-    for first, found in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    if first is not None
-}
-
-
-class _Unusual(Exception):
-    """A node that `_Loader.construct_document`'s own walk leaves to PyYAML's constructor."""
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """A safe loader that refuses a key given twice in one mapping, as Kubernetes does."""
-
-    # The composer (in C) calls `resolve` back for every node: the safe loader's own, less
-    # the steps for path resolvers, which it has none of (a fifth of the composing).
-    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
-        if kind is yaml.ScalarNode:
-            if implicit[0]:
-                for tag, pattern in _IMPLICIT.get(value[:1], _ANY_FIRST):
-                    if pattern.match(value):
-                        return str(tag)
-            return _STR
-        return _MAP if kind is yaml.MappingNode else _SEQ
-
-    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
-        pass
-
-    def ascend_resolver(self) -> None:
-        pass
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        """A document of plain mappings, sequences and scalars is built by one recursive walk,
-        a third of the time of PyYAML's generic constructor (its generators, its state per
-        node): 0.8 of the 6 s of `gctl apply` of 10,000 files. Anything else (a merge key,
-        a set, an alias to a node that holds it, a document too deep to recurse) is built by
-        PyYAML's constructor from the start, as before."""
-        try:
-            return self._plain(node, {}, set())
-        except (_Unusual, RecursionError):
-            return super().construct_document(node)
-
-    def _plain(self, node: yaml.Node, built: dict[int, Any], open_: set[int]) -> Any:
-        """`node` as PyYAML's safe constructor builds it: an alias (the same node met again)
-        is the same object, as there."""
-        tag = node.tag
-        if isinstance(node, yaml.ScalarNode):
-            if tag == _STR:
-                return node.value
-            if tag in _SCALARS:
-                return self.yaml_constructors[tag](self, node)
-            raise _Unusual
-        key = id(node)
-        if key in built:
-            return built[key]
-        if key in open_:  # a node that holds itself
-            raise _Unusual
-        open_.add(key)
-        result: Any
-        if isinstance(node, yaml.SequenceNode) and tag == _SEQ:
-            result = [self._plain(item, built, open_) for item in node.value]
-        elif isinstance(node, yaml.MappingNode) and tag == _MAP:
-            _refuse_repeated_keys(node)
-            result = {}
-            for key_node, value_node in node.value:
-                if type(key_node) is not yaml.ScalarNode or key_node.tag not in _PLAIN_KEYS:
-                    raise _Unusual  # a merge key (<<), a mapping as a key ...
-                result[self._plain(key_node, built, open_)] = self._plain(value_node, built, open_)
-        else:
-            raise _Unusual
-        open_.discard(key)
-        built[key] = result
-        return result
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        _refuse_repeated_keys(node)
-        result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-        return result
-
-
-_PLAIN_KEYS = _SCALARS | {_STR}
-
-
-def _refuse_repeated_keys(node: yaml.MappingNode) -> None:
-    # Compare the keys as written: constructing each key here would double the load time.
-    keys = [key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode)]
-    if len(set(keys)) == len(keys):
-        return
-    seen: set[str] = set()
-    for key_node, _ in node.value:
-        if isinstance(key_node, yaml.ScalarNode) and key_node.value in seen:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"key {key_node.value!r} appears twice in one mapping",
-                key_node.start_mark,
-            )
-        seen.add(key_node.value)
 
 
 def read_sources(
@@ -212,7 +103,7 @@ def parse(file: str, text: str) -> list[Manifest]:
     if document is not None:
         return list(_objects(Source(file, 1), document, directory))
     manifests: list[Manifest] = []
-    documents = yaml.load_all(text, Loader=_Loader)
+    documents = yaml.load_all(text, Loader=yamlcodec.Loader)
     index = 0
     while True:
         try:

@@ -153,12 +153,16 @@ def dump_yaml(document: Any) -> str:
     until the document is written, half a million for 10,000 Jobs."""
     import yaml
 
+    from gctl.api import yamlcodec
     from gctl.store import bulk
 
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     with bulk.collector_paused():
         text: str = yaml.dump(
-            document, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True
+            document,
+            Dumper=yamlcodec.Dumper,
+            sort_keys=False,
+            default_flow_style=False,
+            allow_unicode=True,
         )
     return text
 
