@@ -255,11 +255,18 @@ def _first_path(value: Any, bad: Callable[[Any], bool]) -> str | None:
 
 
 def _holds(value: Any, bad: Callable[[Any], bool]) -> bool:
-    """Whether a key or value in `value` is one that `bad` says is so."""
+    """Whether a key or value in `value` is one that `bad` says is so. (Loops: `any` over a
+    generator costs every mapping and list a generator, half the walk's time.)"""
     if isinstance(value, dict):
-        return any(bad(key) or _holds(item, bad) for key, item in value.items())
+        for key, item in value.items():  # noqa: SIM110
+            if bad(key) or _holds(item, bad):
+                return True
+        return False
     if isinstance(value, list):
-        return any(_holds(item, bad) for item in value)
+        for item in value:  # noqa: SIM110
+            if _holds(item, bad):
+                return True
+        return False
     return bad(value)
 
 
