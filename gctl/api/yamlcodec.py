@@ -8,7 +8,10 @@ hold plain mappings, lists and scalars: those are built here by one recursive wa
 the resolver is the safe loader's without its steps for path resolvers (it has none). Anything
 else (a merge key, a tag such as `!!set`, a mapping as a key, a value that holds itself, an
 object met twice on the dump side, a document too deep to recurse) goes to PyYAML's own code
-from the start, so every document reads and writes exactly as with PyYAML's.
+from the start, so every document reads and writes exactly as with PyYAML's; so does a document
+the walk finds an error in, so that the error is the one PyYAML meets first, in its order. One
+difference: a `!!bool` or `!!timestamp` scalar that is not one is a YAML error saying where,
+where PyYAML's own constructors raise a KeyError or an AttributeError.
 """
 
 import re
@@ -60,21 +63,38 @@ class Loader(_Resolving, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type
     def construct_document(self, node: yaml.Node) -> Any:
         try:
             return self._plain(node, {}, set())
-        except (_Unusual, RecursionError):
+        except Exception:  # an error too: PyYAML's constructor says the one it meets first
             return super().construct_document(node)
+
+    def construct_yaml_bool(self, node: yaml.ScalarNode) -> bool:
+        """A `!!bool` scalar, or an error saying where it is not one (PyYAML's KeyError)."""
+        try:
+            value: bool = super().construct_yaml_bool(node)
+        except KeyError:
+            raise _not_a(node, "boolean") from None
+        return value
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
+        """A `!!timestamp` scalar, or an error saying where it is not one (PyYAML's
+        AttributeError)."""
+        try:
+            return super().construct_yaml_timestamp(node)
+        except (AttributeError, TypeError):
+            raise _not_a(node, "timestamp") from None
 
     def _plain(self, node: yaml.Node, built: dict[int, Any], open_: set[int]) -> Any:
         """`node` as PyYAML's safe constructor builds it: an alias (the same node met again)
         is the same object, as there."""
         tag = node.tag
-        if isinstance(node, yaml.ScalarNode):
-            if tag == STR:
-                return node.value
-            if tag in _SCALARS:
-                return self.yaml_constructors[tag](self, node)
-            raise _Unusual
+        if isinstance(node, yaml.ScalarNode) and tag == STR:
+            return node.value
         key = id(node)
         if key in built:
+            return built[key]
+        if isinstance(node, yaml.ScalarNode):
+            if tag not in _SCALARS:
+                raise _Unusual
+            built[key] = self.yaml_constructors[tag](self, node)
             return built[key]
         if key in open_:  # a node that holds itself
             raise _Unusual
@@ -122,23 +142,43 @@ def refuse_repeated_keys(node: yaml.MappingNode) -> None:
 _SCALAR_TYPES = frozenset({type(None), bool, int, float})
 
 
+def _not_a(node: yaml.ScalarNode, what: str) -> yaml.constructor.ConstructorError:
+    return yaml.constructor.ConstructorError(
+        None, None, f"{node.value!r} is not a {what}", node.start_mark
+    )
+
+
+for _tag, _constructor in (
+    (f"{_TAG}bool", Loader.construct_yaml_bool),
+    (f"{_TAG}timestamp", Loader.construct_yaml_timestamp),
+):
+    Loader.add_constructor(_tag, _constructor)
+
+# Deeper than this, a value is made into nodes by PyYAML's representer, which fails where it
+# always failed (its recursion goes about three frames a level, the walk here one).
+_DEPTH = 64
+
+
 class Dumper(_Resolving, getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     """The safe dumper; a document of plain dicts, lists and scalars, none of its dicts and
     lists met twice, is made into nodes by one walk. Keys keep their order only (`sort_keys`
     true: PyYAML's own representer)."""
 
     def represent(self, data: Any) -> None:
-        if self.sort_keys:
-            super().represent(data)
-            return
         try:
-            node = self._node(data, set())
-        except (_Unusual, RecursionError):
-            super().represent(data)
-            return
+            if self.sort_keys:
+                raise _Unusual
+            node = self._node(data, set(), 0)
+        except _Unusual:
+            # BaseRepresenter.represent's own steps, here: a call to it would take one more
+            # frame of the stack that its recursion fills, and fail a level earlier.
+            node = self.represent_data(data)
+            self.represented_objects: dict[int, yaml.Node] = {}
+            self.object_keeper: list[Any] = []
+            self.alias_key = None
         self.serialize(node)
 
-    def _node(self, data: Any, seen: set[int]) -> yaml.Node:
+    def _node(self, data: Any, seen: set[int], depth: int) -> yaml.Node:
         """The node SafeRepresenter makes of `data` (its `represent_data`)."""
         kind = type(data)
         if kind is str:
@@ -148,7 +188,7 @@ class Dumper(_Resolving, getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type
             return node
         if kind is not dict and kind is not list:
             raise _Unusual
-        if id(data) in seen:  # PyYAML writes an anchor and an alias
+        if id(data) in seen or depth > _DEPTH:  # PyYAML writes an anchor and an alias
             raise _Unusual
         seen.add(id(data))
         best_style = True
@@ -157,14 +197,15 @@ class Dumper(_Resolving, getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type
             pairs: list[tuple[yaml.Node, yaml.Node]] = []
             collection = yaml.MappingNode(MAP, pairs)
             for key, value in data.items():
-                key_node, value_node = self._node(key, seen), self._node(value, seen)
+                key_node = self._node(key, seen, depth + 1)
+                value_node = self._node(value, seen, depth + 1)
                 best_style = best_style and _plain_scalar(key_node) and _plain_scalar(value_node)
                 pairs.append((key_node, value_node))
         else:
             items: list[yaml.Node] = []
             collection = yaml.SequenceNode(SEQ, items)
             for value in data:
-                item = self._node(value, seen)
+                item = self._node(value, seen, depth + 1)
                 best_style = best_style and _plain_scalar(item)
                 items.append(item)
         flow = self.default_flow_style

@@ -415,6 +415,17 @@ def test_a_repeated_key_is_refused_wherever_it_is() -> None:
             manifest.parse("r.yaml", text)
 
 
+def test_a_tagged_scalar_that_is_not_of_its_type_is_a_one_line_error() -> None:
+    """PyYAML's own constructors raise a KeyError or an AttributeError (a traceback)."""
+    for value, what in (("!!bool x", "boolean"), ("!!timestamp nope", "timestamp")):
+        with pytest.raises(errors.Invalid) as caught:
+            manifest.parse("t.yaml", _job("{command: x}") + f"status: {{at: {value}}}\n")
+        assert str(caught.value) == (
+            f"t.yaml: document 1: line 5, column 14: invalid YAML: "
+            f"{value.split()[1]!r} is not a {what}"
+        )
+
+
 def test_plain_documents_are_read_without_pyyaml_constructor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

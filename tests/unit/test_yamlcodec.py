@@ -102,8 +102,8 @@ def _ours(text: str) -> str:
 def _read(text: str, loader: type[yaml.SafeLoader]) -> str:
     try:
         documents = list(yaml.load_all(text, Loader=loader))
-    except yaml.YAMLError as exc:
-        return f"error: {exc}"
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an int of 5,000 digits ...
+        return f"{type(exc).__name__}: {exc}"
     return repr([(d, _types(d)) for d in documents])
 
 
@@ -139,13 +139,39 @@ def test_documents_read_as_pyyaml_reads_them(text: str) -> None:
     assert _ours(text) == _safe(text)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Two faults: the error is the one PyYAML's constructor meets first (it builds a
+        # mapping's scalars before the collections in it), not the walk's.
+        "metadata: {labels: {x: 1, x: 2}}\nspec: !foo 1\n",
+        "a:\n  b: 1\n  b: 2\nc: 2021-02-30\n",
+        "a: [!!binary '@@']\nb: !!int 1x\n",
+        "a: {x: 1}\n<<: 1\n",
+        "metadata: {labels: {x: 1, x: 2}}\nspec: !!python/object:os.system 1\n",
+        # A merge that rewrites a node before its own keys are compared: accepted, as by PyYAML.
+        "a: &b {<<: {x: 1}, <<: {y: 2}}\n<<: *b\n",
+    ],
+)
+def test_a_faulty_document_fails_as_in_pyyaml(text: str) -> None:
+    assert _ours(text) == _safe(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "what"), [("a: !!bool x\n", "boolean"), ("a: !!timestamp no\n", "timestamp")]
+)
+def test_a_tagged_scalar_that_is_not_of_its_type_is_a_yaml_error(text: str, what: str) -> None:
+    with pytest.raises(yaml.constructor.ConstructorError, match=f"'[a-z]+' is not a {what}"):
+        yaml.load(text, Loader=yamlcodec.Loader)
+
+
 def test_aliases_are_one_object_as_in_pyyaml() -> None:
-    [document] = yaml.load_all(
-        "a: &x {b: [1]}\nc: *x\nl: &y [1]\nm: [*y]\n", Loader=yamlcodec.Loader
-    )
+    text = "a: &x {b: [1]}\nc: *x\nl: &y [1]\nm: [*y]\nn: &z 1000\no: *z\n"
+    [document] = yaml.load_all(text, Loader=yamlcodec.Loader)
     assert isinstance(document, dict)
     assert document["a"] is document["c"]
     assert document["l"] is document["m"][0]
+    assert document["n"] is document["o"]
 
 
 def test_a_document_deeper_than_the_walk_can_go_is_read_by_pyyaml() -> None:
@@ -239,3 +265,20 @@ def test_plain_values_are_written_without_pyyamls_representer(
     assert used == []
     yaml.dump({"a": (1,)}, Dumper=yamlcodec.Dumper, sort_keys=False)  # a tuple: PyYAML's own
     assert used != []
+
+
+@pytest.mark.parametrize("depth", [50, 100, 400])
+def test_a_deep_value_is_written_or_refused_as_by_pyyaml(depth: int) -> None:
+    """PyYAML's representer recurses about three frames a level: a value deep enough fails
+    with RecursionError, with gctl's dumper as with PyYAML's."""
+    nested: list[Any] = []
+    for _ in range(depth):
+        nested = [nested]
+
+    def dumped(dumper: type[Any]) -> str:
+        try:
+            return _dumped(nested, dumper, DUMPS[0])
+        except RecursionError:
+            return "RecursionError"
+
+    assert dumped(yamlcodec.Dumper) == dumped(yaml.CSafeDumper)
