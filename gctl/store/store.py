@@ -166,8 +166,9 @@ class Store(reading.Reads):
     def update_many(self, objs: Sequence[T]) -> list[T]:
         """`update` objects read from the store whose spec the caller changed (a Binding asked
         to stop), one guarded statement per kind for all: each one's generation moves by one,
-        as `update` moves it for a changed spec. Conflict if any of them was written since it
-        was read, and then none of them is. Not for an object being deleted whose last
+        as `update` moves it for a changed spec. Their status goes back as read, in the form
+        gctl writes it, as `write_back` writes it. Conflict if any of them was written since
+        it was read, and then none of them is. Not for an object being deleted whose last
         finalizer goes (`update` removes it)."""
         for obj in objs:
             if obj.metadata.deletion_timestamp is not None and not obj.metadata.finalizers:
