@@ -203,7 +203,8 @@ def _rearmable(
     writer: store.Store, decisions: list[placement.Decision], world: reading.World
 ) -> None:
     """An attempt given back by its agent that this pass leaves where it is may be armed
-    again: its request for it back is cleared."""
+    again: its request for it back is cleared (for all of them in one statement)."""
+    rearmed: list[binding.Binding] = []
     for d in decisions:
         queued = d.request.queued
         if queued is None or placement.changes(d):
@@ -212,7 +213,8 @@ def _rearmable(
         if shared.spec.disarm and binding.queued(shared.spec, shared.status):
             attempt = shared.model_copy(deep=True)
             attempt.spec.disarm = False
-            writer.update(attempt)
+            rearmed.append(attempt)
+    writer.update_many(rearmed)
 
 
 def _uids(d: placement.Decision, created: dict[Created, str]) -> list[str]:
