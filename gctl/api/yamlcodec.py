@@ -148,11 +148,8 @@ def _not_a(node: yaml.ScalarNode, what: str) -> yaml.constructor.ConstructorErro
     )
 
 
-for _tag, _constructor in (
-    (f"{_TAG}bool", Loader.construct_yaml_bool),
-    (f"{_TAG}timestamp", Loader.construct_yaml_timestamp),
-):
-    Loader.add_constructor(_tag, _constructor)
+Loader.add_constructor(f"{_TAG}bool", Loader.construct_yaml_bool)
+Loader.add_constructor(f"{_TAG}timestamp", Loader.construct_yaml_timestamp)
 
 # Deeper than this, a value is made into nodes by PyYAML's representer, which fails where it
 # always failed (its recursion goes about three frames a level, the walk here one).

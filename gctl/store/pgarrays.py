@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Integer, String, Table, Text
+from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Integer, String, Table
 from sqlalchemy.types import TypeDecorator
 
 from gctl.store import jsontext
@@ -132,7 +132,6 @@ _ELEMENTS: tuple[tuple[type[Any], str], ...] = (
     (Integer, "bigint"),  # BigInteger is an Integer; the column casts it to its own width
     (Float, "double precision"),
     (String, "text"),  # Text is a String
-    (Text, "text"),
 )
 
 

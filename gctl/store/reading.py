@@ -48,7 +48,7 @@ class Reads(revisions.Revisions):
             query = query.where(table.c.namespace == namespace_of(cls, namespace))
         if names is not None:
             query = query.where(table.c.name.in_(names))
-        if for_update and self._dialect == "postgresql":  # SQLite's writers are serial already
+        if for_update and self._dialect.name == "postgresql":  # SQLite's writers are serial already
             query = query.with_for_update()
         return self.execute(query.order_by(table.c.namespace, table.c.name)).all()
 
@@ -74,7 +74,7 @@ class Reads(revisions.Revisions):
         from sqlalchemy.dialects import postgresql
 
         table = tables.table_of(cls.KIND)
-        if self._dialect == "postgresql":  # JSONB containment, `labels @> '{key: value}'`
+        if self._dialect.name == "postgresql":  # JSONB containment, `labels @> '{key: value}'`
             matches = type_coerce(table.c.labels, postgresql.JSONB).contains({key: value})
         else:  # a quoted member name: `/` and `.` in the key are plain characters there
             if '"' in key:  # a label key never holds one (meta.Labels); SQLite cannot quote it
@@ -99,7 +99,7 @@ class Reads(revisions.Revisions):
         lose a race it cannot win by retrying: a cordon against an agent whose status writes
         come faster than a CLI process can read and write (PostgreSQL; on SQLite the write
         transaction holds the whole database already)."""
-        if self._dialect == "postgresql":
+        if self._dialect.name == "postgresql":
             # Every writer locks the revision row first (its first write bumps it): so must
             # this one, before the objects, or it deadlocks with a writer waiting on them.
             self.execute(select(revisions.REVISION.c.revision).with_for_update())

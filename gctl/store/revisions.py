@@ -57,8 +57,7 @@ class Revisions:
     session: Session
     clock: Callable[[], datetime]
     _revision: int | None  # this transaction's, once it wrote
-    _dialect: str  # the name of `_sql_dialect`
-    _sql_dialect: Dialect  # SQLAlchemy's, of the session's database
+    _dialect: Dialect  # SQLAlchemy's, of the session's database
     _batch: Batch | None  # queued writes, in `batched` mode
 
     if TYPE_CHECKING:  # the queued writes are written by the top layer, `store.Store`
@@ -81,7 +80,7 @@ class Revisions:
     ) -> Result[Any]:
         """`execute` a statement for each of `params`: on PostgreSQL as the one statement
         `bulk` makes of them (gctl.store.pgarrays), where it makes one."""
-        if self._dialect == "postgresql" and len(params) > 1 and (made := bulk()) is not None:
+        if self._dialect.name == "postgresql" and len(params) > 1 and (made := bulk()) is not None:
             self._flush_queued()
             sql, arrays = made
             return self.session.connection().exec_driver_sql(sql, tuple(arrays))
@@ -94,7 +93,7 @@ class Revisions:
 
         Two controllers on one PostgreSQL would otherwise read the same free GPU and bind
         different Jobs to it; SQLite's write transactions are serialized already."""
-        if self._dialect == "postgresql":
+        if self._dialect.name == "postgresql":
             from sqlalchemy import func
 
             self.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
@@ -117,7 +116,7 @@ class Revisions:
                 .returning(REVISION.c.revision)
             )
             self._revision = int(self.execute(statement).scalar_one())
-            if self._dialect == "postgresql":
+            if self._dialect.name == "postgresql":
                 from sqlalchemy import func
 
                 self.execute(select(func.pg_notify(NOTIFY_CHANNEL, str(self._revision))))
@@ -138,7 +137,7 @@ class Revisions:
             for wire in wires
         ]
         if rows:
-            bulk = functools.partial(pgarrays.insert, self._sql_dialect, _CHANGES, rows)
+            bulk = functools.partial(pgarrays.insert, self._dialect, _CHANGES, rows)
             self.execute_many(insert(_CHANGES), rows, bulk)
 
     # -- the change feed -----------------------------------------------------------------------

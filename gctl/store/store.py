@@ -39,8 +39,7 @@ class Store(reading.Reads):
         self.session = session
         self.clock = clock
         self._revision = None
-        self._sql_dialect = session.get_bind().dialect
-        self._dialect = self._sql_dialect.name
+        self._dialect = session.get_bind().dialect
         self._events = events.EventLog(self)
         self._batch = None  # queued writes, in `batched` mode
 
@@ -94,7 +93,7 @@ class Store(reading.Reads):
         for kind, rows in by_kind.items():
             table = tables.table_of(kind)
             try:
-                bulk = functools.partial(pgarrays.insert, self._sql_dialect, table, rows)
+                bulk = functools.partial(pgarrays.insert, self._dialect, table, rows)
                 self.execute_many(insert(table), rows, bulk)
             except exc.IntegrityError:
                 names = ", ".join(repr(row["name"]) for row in rows[:3])
@@ -151,34 +150,26 @@ class Store(reading.Reads):
         written: the generation does not move). Each write is guarded by the object's
         resourceVersion: Conflict if any of them changed since it was read. Not for an object
         being deleted whose last finalizer goes (`update` removes it)."""
-        for obj in objs:
-            if obj.metadata.deletion_timestamp is not None and not obj.metadata.finalizers:
-                raise ValueError(f"{obj.KIND} {obj.name}: its last finalizer goes: update it")
-        self._write_wires([(obj, obj.wire()) for obj in objs], metadata=True)
-        revision = str(self._write_revision()) if objs else None
-        return [
-            obj.model_copy(
-                update={"metadata": obj.metadata.model_copy(update={"resource_version": revision})}
-            )
-            for obj in objs
-        ]
+        return self._written_back(objs, spec=False)
 
     def update_many(self, objs: Sequence[T]) -> list[T]:
-        """`update` objects read from the store whose spec the caller changed (a Binding asked
-        to stop), one guarded statement per kind for all: each one's generation moves by one,
-        as `update` moves it for a changed spec. Their status goes back as read, in the form
-        gctl writes it, as `write_back` writes it. Conflict if any of them was written since
-        it was read, and then none of them is. Not for an object being deleted whose last
-        finalizer goes (`update` removes it)."""
+        """`write_back` objects read from the store whose spec the caller changed (a Binding
+        asked to stop), their specs too: each one's generation moves by one, as `update`
+        moves it for a changed spec. Their status goes back as read, in the form gctl writes
+        it."""
+        return self._written_back(objs, spec=True)
+
+    def _written_back(self, objs: Sequence[T], *, spec: bool) -> list[T]:
         for obj in objs:
             if obj.metadata.deletion_timestamp is not None and not obj.metadata.finalizers:
                 raise ValueError(f"{obj.KIND} {obj.name}: its last finalizer goes: update it")
-            if obj.metadata.generation is None:
+            if spec and obj.metadata.generation is None:
                 raise ValueError(f"{obj.KIND} {obj.name}: update many only objects read")
         written = [(obj, obj.wire()) for obj in objs]
-        for _, wire in written:
-            wire["metadata"]["generation"] += 1
-        self._write_wires(written, metadata=True, spec=True)
+        if spec:
+            for _, wire in written:
+                wire["metadata"]["generation"] += 1
+        self._write_wires(written, metadata=True, spec=spec)
         revision = str(self._write_revision()) if objs else None
         return [
             obj.model_copy(
@@ -186,7 +177,7 @@ class Store(reading.Reads):
                     "metadata": obj.metadata.model_copy(
                         update={
                             "resource_version": revision,
-                            "generation": wire["metadata"]["generation"],
+                            "generation": wire["metadata"].get("generation"),
                         }
                     )
                 }
@@ -236,7 +227,7 @@ class Store(reading.Reads):
                 .where(table.c.resource_version == bindparam("b_version"))
                 .values({c: bindparam(f"b_{c}") for c in columns} | {"resource_version": revision})
             )
-            bulk = functools.partial(pgarrays.update, self._sql_dialect, table, params, revision)
+            bulk = functools.partial(pgarrays.update, self._dialect, table, params, revision)
             result = self.execute_many(statement, params, bulk)
             if result.rowcount != len(params):  # type: ignore[attr-defined]
                 for obj, _ in written:
