@@ -4,9 +4,11 @@ log on stdout and stderr, and no signal ignored or blocked; and what a job that 
 reports. Each case runs twice: started at once, and armed behind a running attempt (its
 supervisor waits, then starts the job at the hand-off)."""
 
+import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -246,3 +248,59 @@ def test_a_supervisor_started_in_a_fresh_interpreter_is_reaped_once_it_ends(
         return not gone.exists()  # a zombie keeps its /proc entry
 
     until(reaped_at_last, "the supervisor to be reaped")
+
+
+REHEARSAL = """
+import json, os, resource, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import supervisor
+
+spec = {"env": dict(os.environ), "cwd": None}
+log = open(os.devnull, "ab", buffering=0)
+
+
+def child(rehearse, out):
+    fds = sorted(os.listdir("/proc/self/fd"))
+    if rehearse:
+        supervisor._rehearse(spec, log)
+    try:
+        os.waitpid(-1, os.WNOHANG)
+        started = True
+    except ChildProcessError:
+        started = False
+    same = sorted(os.listdir("/proc/self/fd")) == fds
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    job = supervisor._popen(spec, ["true"], log)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    job.wait()
+    os.write(out, json.dumps([started, same, faults]).encode())
+
+
+found = []
+for rehearse in (True, False):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        child(rehearse, write)
+        os._exit(0)
+    os.close(write)
+    found.append(json.loads(os.read(read, 1000)))
+    os.waitpid(pid, 0)
+print(json.dumps(found))
+"""
+
+
+def test_an_armed_supervisor_rehearses_the_start_without_starting_anything() -> None:
+    """In a process forked as the fork server forks supervisors: the rehearsal starts no
+    process and leaves no descriptor open, and the start after it copies fewer of the shared
+    pages than a first start does (page faults: a count, not a time)."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", REHEARSAL, supervisor.__file__],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (started, same, rehearsed), (_, _, cold) = json.loads(done.stdout)
+    assert not started
+    assert same
+    assert rehearsed * 2 < cold
