@@ -119,11 +119,15 @@ GLIBC_SIGNAL = 32  # glibc's own (SIGCANCEL): Python's signal module refuses it
     "inherited",
     ["", "SIGHUP and SIGQUIT ignored (nohup)", "signal 32 ignored (GNU make's posix_spawn)"],
 )
+@pytest.mark.parametrize("server", ["fork server", "fresh interpreter"])
 def test_no_signal_is_ignored_or_blocked_in_the_job(
-    node: runtime.Runtime, armed: bool, inherited: str
+    node: runtime.Runtime, armed: bool, inherited: str, server: str
 ) -> None:
-    """Whatever the agent inherited: the fork server and a supervisor in a fresh interpreter
-    inherit it from this process, started after the change."""
+    """Whatever the agent inherited: the fork server (which takes the signals back once, for
+    every supervisor it forks) and a supervisor in a fresh interpreter inherit it from this
+    process, started after the change."""
+    if server == "fresh interpreter":
+        node._forker.fork = lambda *args, **kwargs: False  # type: ignore[method-assign]
     ignored = (signal.SIGHUP, signal.SIGQUIT) if inherited.startswith("SIGHUP") else ()
     before = {number: signal.signal(number, signal.SIG_IGN) for number in ignored}
     glibc_before = GLIBC_SIGNAL in supervisor.ignored_signals()
@@ -141,6 +145,7 @@ def test_no_signal_is_ignored_or_blocked_in_the_job(
     assert state.exit_code == 0
     masks = dict(line.split(":") for line in output(node, "signals").splitlines())
     assert {name: int(mask, 16) for name, mask in masks.items()} == {"SigBlk": 0, "SigIgn": 0}
+    until(lambda: reaped(node), "the supervisors to end")  # none left running after the test
 
 
 def test_the_command_is_looked_up_on_the_jobs_path_in_order(
