@@ -133,7 +133,15 @@ class BindingAhead(capacity.Capacity):
     ) -> fitindex.Option | None:
         """The node's GPUs that free soonest and may take the request as their next job, and
         how good a place they are (lower is better), if there are `wanted` of them."""
-        usable = [s for s in takeable if self._queueable(s, request, own_only)]
+        # `_queueable`'s first two tests inline: in a pass that preempts, every GPU may be
+        # reserved for a preemptor, and each Job it moves looks at them all.
+        usable = [
+            s
+            for s in takeable
+            if s.next is None
+            and (s.reserved is None or s.reserved.holder is request)
+            and self._queueable(s, request, own_only)
+        ]
         if len(usable) < wanted:
             return None
         chosen = sorted(usable, key=lambda s: self._ahead_key(s, request))[:wanted]
