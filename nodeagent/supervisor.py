@@ -30,7 +30,6 @@ and the agent decides.
 
 import contextlib
 import fcntl
-import functools
 import json
 import os
 import select
@@ -63,14 +62,19 @@ FENCE_WATCH_AFTER_S = 0.2
 _STOPS = {signal.SIGTERM, signal.SIGINT}  # the signals that ask a supervisor to stop the job
 
 
-@functools.cache
+_BOOT: list[str] = []  # this boot's id, once read: no process outlives its boot
+
+
 def boot_id() -> str:
     """This boot's id: a pid recorded before a reboot names some other process after it. Read
-    once a process (the fork server reads it for every supervisor it forks)."""
-    try:
-        return BOOT_ID.read_text().strip()
-    except OSError:
-        return ""
+    once a process (the fork server reads it for every supervisor it forks); a read that failed
+    (out of descriptors, say) is tried again next time, not kept."""
+    if not _BOOT:
+        try:
+            _BOOT.append(BOOT_ID.read_text().strip())
+        except OSError:
+            return ""
+    return _BOOT[0]
 
 
 def write_atomically(path: Path, document: dict[str, Any], *, durable: bool = True) -> None:
@@ -433,13 +437,17 @@ _RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
 
 def set_disposition(number: int, *, ignore: bool) -> bool:
     """Set signal `number` to SIG_IGN or SIG_DFL with the system call itself; whether it could
-    (not on a machine whose system call number is unknown here)."""
-    import ctypes  # only here: most supervisors never need it
-
+    (not on a machine whose system call number is unknown here, nor without ctypes or a C
+    library to call: the fork server calls this before it serves, and must not die of it)."""
     call = _RT_SIGACTION.get(os.uname().machine)
     if call is None:
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        import ctypes  # only here: most processes never need it
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        return False
     # struct sigaction as the kernel reads it: handler, flags, restorer, mask (all zero but
     # the handler: 1 is SIG_IGN, 0 is SIG_DFL).
     action = (ctypes.c_ulong * 4)(int(ignore), 0, 0, 0)
