@@ -67,13 +67,10 @@ class BindingAhead(capacity.Capacity):
         return [s for s in self.places.get(queued, []) if s.queued is queued]
 
     def _queueable(self, slot: snapshot.Slot, request: snapshot.Request, own_only: bool) -> bool:
-        """Whether the request may be bound ahead to this GPU: busy with one job that holds
-        all of it, nobody's next place yet (a place held by a Job later in the queue is taken
-        from it), and not reserved for another Job."""
-        if slot.next is not None:
-            return False
-        if slot.reserved is not None and slot.reserved.holder is not request:
-            return False
+        """Whether the request may be bound ahead to this GPU, which its caller found no
+        request's next place in this pass and not reserved for another Job (`_ahead_option`):
+        busy with one job that holds all of it, and nobody's next place yet (a place held by a
+        Job later in the queue is taken from it)."""
         own = capacity.own_place(slot, request)
         if own and slot.jobs == 0:
             return True  # its job ended: still its place, while its other GPUs are busy
@@ -133,8 +130,8 @@ class BindingAhead(capacity.Capacity):
     ) -> fitindex.Option | None:
         """The node's GPUs that free soonest and may take the request as their next job, and
         how good a place they are (lower is better), if there are `wanted` of them."""
-        # `_queueable`'s first two tests inline: in a pass that preempts, every GPU may be
-        # reserved for a preemptor, and each Job it moves looks at them all.
+        # The two tests first that every GPU may fail, inline: in a pass that preempts, every
+        # GPU may be reserved for a preemptor, and each Job it moves looks at them all.
         usable = [
             s
             for s in takeable

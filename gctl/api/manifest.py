@@ -206,7 +206,8 @@ def _validate(
         raise errors.Invalid(f"{where}: {prefix}kind {found} (known: {known})")
     cls = kinds.model(kind)
     body = {key: value for key, value in document.items() if key != "status"}
-    if (path := _first_path(body, _holds_nul)) is not None:
+    unstorable = _holds(body, _unstorable)  # one walk: a document holds none almost always
+    if unstorable and (path := _first_path(body, _holds_nul)) is not None:
         raise errors.Invalid(
             f"{where}: {prefix}{path}: contains a NUL character, which no command, "
             "environment variable or database can hold"
@@ -218,8 +219,7 @@ def _validate(
     # A number: refused after the fields' own checks, which say it better where a field has a
     # range, and only where it is stored as a number (a Sweep's items are stored as text); the
     # stored form is walked only where the manifest holds one.
-    unstored = _holds(body, _unstored_number)
-    if unstored and (path := _first_path(obj.wire(), _unstored_number)) is not None:
+    if unstorable and (path := _first_path(obj.wire(), _unstored_number)) is not None:
         raise errors.Invalid(f"{where}: {prefix}{path}: {_UNSTORED_NUMBER}")
     name_check = names.check_dns_label if cls.NAMESPACED else names.check_dns_subdomain
     field = "metadata.name"
@@ -289,6 +289,11 @@ def _path_of(value: Any, path: str, bad: Callable[[Any], bool]) -> str | None:
 
 def _holds_nul(value: Any) -> bool:
     return isinstance(value, str) and "\x00" in value
+
+
+def _unstorable(value: Any) -> bool:
+    """What no database holds as given: a string with a NUL, or a number gctl cannot store."""
+    return _holds_nul(value) or _unstored_number(value)
 
 
 # Stored numbers are JSON's as Kubernetes reads it: 64-bit integers and finite doubles
