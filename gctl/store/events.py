@@ -10,13 +10,14 @@ in nanoseconds, in hex (`train.1879f2d0a1b2c3d4`). So `gctl get events` lists ea
 events in the order they happened.
 """
 
+import functools
 import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 
 from gctl.api import event, kinds, meta
 from gctl.store import listing, tables
@@ -56,16 +57,10 @@ class EventLog:
     def prefetch(self, uids: Sequence[str]) -> None:
         """Read the latest event of each object (by uid) not read yet in this transaction, in
         one query for all."""
-        table = tables.table_of(event.Event.KIND)
         wanted = sorted(set(uids) - self._read)
         self._read.update(wanted)
         for start in range(0, len(wanted), CHUNK):
-            rows = self._writer.execute(
-                select(*tables.readable(table))
-                .where(table.c.involved_uid.in_(wanted[start : start + CHUNK]))
-                # An object's events of one transaction share both; names grow in time.
-                .order_by(table.c.created_at, table.c.resource_version, table.c.name)
-            )
+            rows = self._writer.execute(_latest_query(), {"uids": wanted[start : start + CHUNK]})
             last = {row.involved_uid: row for row in rows}  # the last one of each object
             for uid, row in last.items():  # decoded alone: a Job has several events
                 wire = listing.row_to_wire(event.Event.INFO, row._mapping)
@@ -116,6 +111,18 @@ class EventLog:
             event.Event.model_validate(listing.row_to_wire(event.Event.INFO, r._mapping))
             for r in reversed(rows)
         ]
+
+
+@functools.cache
+def _latest_query() -> Select[Any]:
+    """The events of the objects whose uids are the list `uids`, oldest first; built once."""
+    table = tables.table_of(event.Event.KIND)
+    return (
+        select(*tables.readable(table))
+        .where(table.c.involved_uid.in_(bindparam("uids", expanding=True)))
+        # An object's events of one transaction share both; names grow in time.
+        .order_by(table.c.created_at, table.c.resource_version, table.c.name)
+    )
 
 
 class _Nanoseconds:

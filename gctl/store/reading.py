@@ -5,10 +5,11 @@ of `shared`), and how an object's row becomes its wire form (`row_to_wire`). The
 layer (`store.Store`, the writes) builds on this one: a write reads the row it guards here.
 """
 
+import functools
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, Select, Table, bindparam, select
 
 from gctl.api import binding, errors, job, meta, selector
 from gctl.store import jsontext, listing, revisions, shared, stored, tables
@@ -42,15 +43,15 @@ class Reads(revisions.Revisions):
         decoded: bool = False,
     ) -> Sequence[Row[Any]]:
         """The rows, for `row_to_wire`; `decoded`: with the JSON documents decoded, to use."""
-        table = tables.table_of(cls.KIND)
-        query = select(table) if decoded else select(*tables.readable(table))
-        if namespace is not None or not cls.NAMESPACED:
-            query = query.where(table.c.namespace == namespace_of(cls, namespace))
-        if names is not None:
-            query = query.where(table.c.name.in_(names))
-        if for_update and self._dialect.name == "postgresql":  # SQLite's writers are serial already
-            query = query.with_for_update()
-        return self.execute(query.order_by(table.c.namespace, table.c.name)).all()
+        by_namespace = namespace is not None or not cls.NAMESPACED
+        locked = for_update and self._dialect.name == "postgresql"  # SQLite's writers are serial
+        query = _rows_query(
+            tables.table_of(cls.KIND), decoded, by_namespace, names is not None, locked
+        )
+        params: dict[str, Any] = {"names": list(names or ())}
+        if by_namespace:
+            params["namespace"] = namespace_of(cls, namespace)
+        return self.execute(query, params).all()
 
     def list_wire(
         self,
@@ -119,9 +120,7 @@ class Reads(revisions.Revisions):
     def pending_wires(self) -> list[dict[str, Any]]:
         """Jobs waiting for a place, unvalidated: higher priority first, then older first. A
         shared read (`shared`): read them, never change them."""
-        table = tables.table_of(job.Job.KIND)
-        order = (table.c.priority.desc(), table.c.created_at, table.c.name)
-        return shared.wires(self.execute, job.Job, [table.c.phase == "Pending"], order)
+        return shared.wires(self.execute, job.Job, _pending())
 
     def job_waits(self) -> list[tuple[str, str, str, Any]]:
         """Every Job as (namespace, name, phase, its spec's dependsOn), unvalidated (a hand
@@ -136,12 +135,10 @@ class Reads(revisions.Revisions):
 
     def pending_wires_of(self, uids: Sequence[str]) -> list[dict[str, Any]]:
         """`pending_wires` among these Jobs (by uid), in no order."""
-        table = tables.table_of(job.Job.KIND)
         found: list[dict[str, Any]] = []
         for start in range(0, len(uids), shared.CHUNK):
             chunk = uids[start : start + shared.CHUNK]
-            where = [table.c.phase == "Pending", table.c.uid.in_(chunk)]
-            found.extend(shared.wires(self.execute, job.Job, where, ()))
+            found.extend(shared.wires(self.execute, job.Job, _pending_of(), {"among": chunk}))
         return found
 
     def shared_wires(
@@ -149,22 +146,17 @@ class Reads(revisions.Revisions):
     ) -> list[dict[str, Any]]:
         """The named objects of one namespace in wire form, by a shared read: read them, never
         change them."""
-        table = tables.table_of(cls.KIND)
-        where = [table.c.namespace == namespace_of(cls, namespace), table.c.name.in_(names)]
-        return shared.wires(self.execute, cls, where, (table.c.name,))
+        params = {"namespace": namespace_of(cls, namespace), "names": list(names)}
+        return shared.wires(self.execute, cls, _named(cls), params)
 
     def shared_objects(self, cls: type[T]) -> list[T]:
         """Every object of a kind, sorted by namespace and name, by a shared read: the objects
         are shared too, validated once per version; read them, never change them."""
-        table = tables.table_of(cls.KIND)
-        return shared.objects(self.execute, cls, [], (table.c.namespace, table.c.name))
+        return shared.objects(self.execute, cls, _every(cls))
 
     def shared_active_bindings(self) -> list[binding.Binding]:
         """`active_bindings()` by a shared read: read them, never change them (copy first)."""
-        table = tables.table_of(binding.Binding.KIND)
-        where = [table.c.phase.in_(sorted(binding.ACTIVE_PHASES))]
-        order = (table.c.namespace, table.c.name)
-        return shared.objects(self.execute, binding.Binding, where, order)
+        return shared.objects(self.execute, binding.Binding, _active())
 
     def find_many(self, cls: type[T], namespace: str, names: Sequence[str]) -> list[T]:
         """The named objects of one namespace that exist, sorted by name."""
@@ -177,14 +169,11 @@ class Reads(revisions.Revisions):
 
     def bindings_of_many(self, job_uids: Sequence[str]) -> dict[str, list[binding.Binding]]:
         """`bindings_of` for many Jobs at once, by Job uid (a Job with none is left out)."""
-        table = tables.table_of(binding.Binding.KIND)
         found: dict[str, list[binding.Binding]] = {}
         ordered = sorted(set(job_uids))
         for start in range(0, len(ordered), 500):
             chunk = ordered[start : start + 500]
-            for row in self.execute(
-                select(*tables.readable(table)).where(table.c.job_uid.in_(chunk))
-            ):
+            for row in self.execute(_bindings_of_query(), {"uids": chunk}):
                 b = stored.validated(binding.Binding, row_to_wire(binding.Binding, row))
                 found.setdefault(row.job_uid, []).append(b)
         for attempts in found.values():
@@ -207,12 +196,10 @@ class Reads(revisions.Revisions):
     ) -> list[binding.Binding]:
         """Attempts that hold GPUs (bound, not yet exited or lost), or those in other phases.
         One that no longer validates raises StoredInvalid, or with `skipped` goes there."""
-        table = tables.table_of(binding.Binding.KIND)
-        query = select(*tables.readable(table)).where(table.c.phase.in_(sorted(phases)))
-        if node_name is not None:
-            query = query.where(table.c.node == node_name)
+        query = _active_bindings_query(node_name is not None)
+        params = {"phases": sorted(phases), "node": node_name}
         found = []
-        for row in self.execute(query).all():
+        for row in self.execute(query, params).all():
             try:
                 found.append(stored.validated(binding.Binding, row_to_wire(binding.Binding, row)))
             except errors.StoredInvalid as exc:
@@ -230,3 +217,82 @@ class Reads(revisions.Revisions):
             (jsontext.loads(spec) if isinstance(spec, str) else spec or {}).get("after")
             for (spec,) in rows
         )
+
+
+# The queries of the hot reads, built once per shape: building one and deriving its cache key
+# takes SQLAlchemy 100-150 us, several times what SQLite takes to run it.
+
+
+@functools.cache
+def _rows_query(
+    table: Table, decoded: bool, by_namespace: bool, by_names: bool, locked: bool
+) -> Select[Any]:
+    """`_rows`'s query: parameters `namespace` and `names` (a list)."""
+    query = select(table) if decoded else select(*tables.readable(table))
+    if by_namespace:
+        query = query.where(table.c.namespace == bindparam("namespace"))
+    if by_names:
+        query = query.where(table.c.name.in_(bindparam("names", expanding=True)))
+    if locked:
+        query = query.with_for_update()
+    return query.order_by(table.c.namespace, table.c.name)
+
+
+@functools.cache
+def _bindings_of_query() -> Select[Any]:
+    """The Bindings of the Jobs whose uids are the list `uids`."""
+    table = tables.table_of(binding.Binding.KIND)
+    return select(*tables.readable(table)).where(
+        table.c.job_uid.in_(bindparam("uids", expanding=True))
+    )
+
+
+@functools.cache
+def _active_bindings_query(on_node: bool) -> Select[Any]:
+    """The Bindings whose phase is in the list `phases` (and with `on_node`, on Node `node`)."""
+    table = tables.table_of(binding.Binding.KIND)
+    query = select(*tables.readable(table)).where(
+        table.c.phase.in_(bindparam("phases", expanding=True))
+    )
+    return query.where(table.c.node == bindparam("node")) if on_node else query
+
+
+@functools.cache
+def _pending() -> shared.Query:
+    """Pending Jobs, higher priority first, then older first."""
+    table = tables.table_of(job.Job.KIND)
+    order = (table.c.priority.desc(), table.c.created_at, table.c.name)
+    return shared.query(job.Job, [table.c.phase == "Pending"], order)
+
+
+@functools.cache
+def _pending_of() -> shared.Query:
+    """Pending Jobs among the uids of the list `among`."""
+    table = tables.table_of(job.Job.KIND)
+    among = table.c.uid.in_(bindparam("among", expanding=True))
+    return shared.query(job.Job, [table.c.phase == "Pending", among], ())
+
+
+@functools.cache
+def _named(cls: type[meta.Resource]) -> shared.Query:
+    """The objects of one `namespace` named in the list `names`, by name."""
+    table = tables.table_of(cls.KIND)
+    where = [
+        table.c.namespace == bindparam("namespace"),
+        table.c.name.in_(bindparam("names", expanding=True)),
+    ]
+    return shared.query(cls, where, (table.c.name,))
+
+
+@functools.cache
+def _every(cls: type[meta.Resource]) -> shared.Query:
+    table = tables.table_of(cls.KIND)
+    return shared.query(cls, [], (table.c.namespace, table.c.name))
+
+
+@functools.cache
+def _active() -> shared.Query:
+    """The attempts that hold GPUs, by namespace and name."""
+    table = tables.table_of(binding.Binding.KIND)
+    where = [table.c.phase.in_(sorted(binding.ACTIVE_PHASES))]
+    return shared.query(binding.Binding, where, (table.c.namespace, table.c.name))

@@ -8,16 +8,17 @@ in that version. What it returns is shared by the process's Stores: read it, nev
 `shared_active_bindings` are the ways in (docs/decisions.md).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Executable, Result, select
+from sqlalchemy import Executable, Result, Select, bindparam, select
 
 from gctl.api import meta
 from gctl.store import listing, stored, tables
 
 T = TypeVar("T", bound=meta.Resource)
-Execute = Callable[[Executable], Result[Any]]
+Execute = Callable[[Executable, Any], Result[Any]]  # a statement and its parameters
 
 # uid -> (resourceVersion, wire) of rows decoded before, and uid -> (resourceVersion, object)
 # of those validated before: shared by this process's Stores; bounded, and emptied when full.
@@ -28,10 +29,34 @@ MAX_KEPT = 30_000
 CHUNK = 500  # uids in one IN list
 
 
-def objects(execute: Execute, cls: type[T], where: Sequence[Any], order: Sequence[Any]) -> list[T]:
-    """The objects that match `where`, in `order`, validated once per version."""
+@dataclass(frozen=True)
+class Query:
+    """The statements of one shared read, built once (`query`): building a statement and
+    deriving its cache key takes SQLAlchemy longer than SQLite takes to run it. Each takes the
+    read's own parameters; `missing` takes the list `uids` too."""
+
+    keys: Select[Any]  # uid and resourceVersion of the rows that match, in order
+    rows: Select[Any]  # those rows whole, in order
+    missing: Select[Any]  # those of them among `uids`
+
+
+def query(cls: type[meta.Resource], where: Sequence[Any], order: Sequence[Any]) -> Query:
+    """A shared read of the objects of `cls` that match `where`, in `order`."""
+    table = tables.table_of(cls.KIND)
+    readable = select(*tables.readable(table)).where(*where)
+    return Query(
+        keys=select(table.c.uid, table.c.resource_version).where(*where).order_by(*order),
+        rows=readable.order_by(*order),
+        missing=readable.where(table.c.uid.in_(bindparam("uids", expanding=True))),
+    )
+
+
+def objects(
+    execute: Execute, cls: type[T], read: Query, params: Mapping[str, Any] | None = None
+) -> list[T]:
+    """The objects `read` finds, in its order, validated once per version."""
     found = []
-    for w in wires(execute, cls, where, order):
+    for w in wires(execute, cls, read, params):
         uid, version = w["metadata"]["uid"], int(w["metadata"]["resourceVersion"])
         cached = _VALIDATED.get(uid)
         if cached is None or cached[0] != version:
@@ -43,16 +68,17 @@ def objects(execute: Execute, cls: type[T], where: Sequence[Any], order: Sequenc
 
 
 def wires(
-    execute: Execute, cls: type[meta.Resource], where: Sequence[Any], order: Sequence[Any]
+    execute: Execute,
+    cls: type[meta.Resource],
+    read: Query,
+    params: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows that match `where`, in wire form, in `order`."""
-    table = tables.table_of(cls.KIND)
-    query = select(table.c.uid, table.c.resource_version).where(*where).order_by(*order)
-    rows: Sequence[Any] = execute(query).all()
+    """The rows `read` finds, in wire form, in its order."""
+    params = dict(params or {})
+    rows: Sequence[Any] = execute(read.keys, params).all()
     keys: list[tuple[str, int]] = [(row[0], row[1]) for row in rows]
     if len(keys) > MAX_KEPT:  # too many to keep: decode them all, as they come
-        every = execute(select(*tables.readable(table)).where(*where).order_by(*order))
-        return [listing.row_to_wire(cls.INFO, r._mapping) for r in every]
+        return [listing.row_to_wire(cls.INFO, r._mapping) for r in execute(read.rows, params)]
     # Of this read, in order (None where not decoded yet): another thread may empty the cache.
     found: list[dict[str, Any] | None] = []
     missing: dict[str, int] = {}  # uid -> its place in `found`
@@ -69,9 +95,8 @@ def wires(
         _DECODED.clear()
     uids = list(missing)
     for start in range(0, len(uids), CHUNK):
-        chunk = uids[start : start + CHUNK]
-        query = select(*tables.readable(table)).where(*where, table.c.uid.in_(chunk))
-        for row in execute(query).all():  # fetched at once: psycopg's fetchone is a call a row
+        # fetched at once: psycopg's fetchone is a call a row
+        for row in execute(read.missing, params | {"uids": uids[start : start + CHUNK]}).all():
             found[missing[row.uid]] = wire = listing.row_to_wire(cls.INFO, row._mapping)
             _DECODED[row.uid] = (row.resource_version, wire)
     # On PostgreSQL a row may have changed, stopped matching or gone between the two reads:
