@@ -194,7 +194,7 @@ class Runtime:
                 supervisor.DISARMED,
             ):
                 (directory / stale).unlink(missing_ok=True)  # of one that gave up
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The log's directories are the supervisor's to make (`supervisor.open_log`).
         # The launch records need not survive a power cut, which ends every job with them: an
         # attempt found without them after a reboot is absent (a Running one is reported lost,
         # a Starting one starts). Not syncing them takes two fsyncs off every job's start.

@@ -483,6 +483,17 @@ def _rehearse(spec: dict[str, Any], log: BinaryIO) -> None:
         _popen(spec, ["\0"], log)
 
 
+def open_log(path: str) -> BinaryIO:
+    """The job's log, to append to, its directories made if need be (the Job's own 0o700, as
+    the logs directory is): here rather than in the agent, whose launches follow one another
+    while supervisors start side by side."""
+    try:
+        return open(path, "ab", buffering=0)
+    except FileNotFoundError:
+        Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return open(path, "ab", buffering=0)
+
+
 def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
     """Run the attempt in `attempt_dir`; `lock_fd`: its locked `lock`, let go as soon as the
     exit is recorded (a job armed behind this one waits for it), not when this process ends.
@@ -509,7 +520,7 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
         # The log is opened while the job before this one still runs, off the hand-off's path;
         # on failure it is opened again after the wait, where the failure is recorded.
         with contextlib.suppress(OSError):
-            log = open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
+            log = open_log(spec["logPath"])
         if log is not None:
             _rehearse(spec, log)
         turn = _Turn(attempt_dir, spec, stopper)
@@ -524,7 +535,7 @@ def supervise(attempt_dir: Path, lock_fd: int | None = None) -> int:
         signal.signal(signal.SIGINT, stopper.on_term)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     try:
-        log = log or open(spec["logPath"], "ab", buffering=0)  # noqa: SIM115 - closed below
+        log = log or open_log(spec["logPath"])
     except OSError as exc:
         record(
             attempt_dir,

@@ -108,3 +108,32 @@ def test_an_attempt_that_was_never_launched_reports_no_log(
     assert (ended.status.reason, ended.status.log_path) == ("StartError", None)
     with pytest.raises(errors.NotFound, match=r"ended before it started: spec\.condaEnv"):
         following.show(n1.database, ended, 0, False, threading.Event())
+
+
+def test_the_supervisor_makes_the_logs_directories_with_the_jobs_own_private(n1: Node) -> None:
+    """The agent leaves a new Job's log directories to the supervisor (its launches follow one
+    another; supervisors start side by side): they are there, the Job's own as private as the
+    logs directory."""
+    owner, _ = n1.bind(_script("fresh", "echo made"))
+
+    log = Path(n1.ended("fresh").status.log_path or "")
+
+    assert log.read_text() == "made\n"
+    assert log.parent == n1.agent.runtime.logs_dir / "default" / "fresh" / owner.metadata.uid
+    assert log.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_log_that_cannot_be_made_is_a_start_error_naming_it(n1: Node) -> None:
+    """A file where the Job's log directory would go (a hand edit, a full disk): the attempt
+    ends StartError saying which log, and the job never ran; the agent's passes go on."""
+    blocker = n1.agent.runtime.logs_dir / "default" / "blocked"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a directory")
+    owner, _ = n1.bind(_script("blocked", "touch ran"))
+
+    ended = n1.ended("blocked").status
+
+    assert (ended.reason, ended.exit_code) == ("StartError", 127)
+    assert ended.message is not None
+    assert f"cannot open the log {blocker}/{owner.metadata.uid}/attempt-1.log" in ended.message
+    assert "Not a directory" in ended.message
