@@ -106,7 +106,9 @@ class Runtime:
         attempt launched by an agent of an earlier version writes where that one said."""
         spec = supervisor.read_json(self.attempts_dir / uid / supervisor.SPEC)
         path = spec.get("logPath") if spec else None
-        return path if isinstance(path, str) else None
+        # None as well where the supervisor never opened it (it could not make the log, or
+        # died first): there is no log to point at, and `gctl logs` says why it never started.
+        return path if isinstance(path, str) and os.path.exists(path) else None
 
     def lock_path(self, uid: str) -> Path:
         """The file an attempt's supervisor holds locked until the job's exit is recorded."""

@@ -484,9 +484,10 @@ def _rehearse(spec: dict[str, Any], log: BinaryIO) -> None:
 
 
 def open_log(path: str) -> BinaryIO:
-    """The job's log, to append to, its directories made if need be (the Job's own 0o700, as
-    the logs directory is): here rather than in the agent, whose launches follow one another
-    while supervisors start side by side."""
+    """The job's log, to append to, its directories made if need be (the last one, the Job
+    uid's, 0o700 as the logs directory is; those above it as the umask says): here rather
+    than in the agent, whose launches follow one another while supervisors start side by
+    side."""
     try:
         return open(path, "ab", buffering=0)
     except FileNotFoundError:

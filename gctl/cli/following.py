@@ -136,8 +136,8 @@ def started(attempt: binding.Binding) -> bool:
 
 
 def log_here(attempt: binding.Binding) -> bool:
-    """Whether the attempt's log is on this machine: the agent makes its directory before it
-    reports the path, so a path whose directory is missing here was written on another host."""
+    """Whether the attempt's log is on this machine: the agent reports the path only once the
+    log is there, so a path whose directory is missing here was written on another host."""
     path = attempt.status.log_path
     return path is not None and Path(path).parent.is_dir()
 

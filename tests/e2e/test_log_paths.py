@@ -110,10 +110,9 @@ def test_an_attempt_that_was_never_launched_reports_no_log(
         following.show(n1.database, ended, 0, False, threading.Event())
 
 
-def test_the_supervisor_makes_the_logs_directories_with_the_jobs_own_private(n1: Node) -> None:
-    """The agent leaves a new Job's log directories to the supervisor (its launches follow one
-    another; supervisors start side by side): they are there, the Job's own as private as the
-    logs directory."""
+def test_a_new_jobs_log_directories_are_made_the_jobs_own_private(n1: Node) -> None:
+    """Made by the supervisor now (the agent's launches follow one another; supervisors start
+    side by side): there, and the Job's own as private as the logs directory."""
     owner, _ = n1.bind(_script("fresh", "echo made"))
 
     log = Path(n1.ended("fresh").status.log_path or "")
@@ -124,16 +123,25 @@ def test_the_supervisor_makes_the_logs_directories_with_the_jobs_own_private(n1:
 
 
 def test_a_log_that_cannot_be_made_is_a_start_error_naming_it(n1: Node) -> None:
-    """A file where the Job's log directory would go (a hand edit, a full disk): the attempt
-    ends StartError saying which log, and the job never ran; the agent's passes go on."""
+    """A file where the Job's log directory would go (a hand edit, say): the attempt ends
+    StartError saying which log, its job never started, and no log path is reported, so that
+    `gctl logs` says why rather than asking a node for a log that is not there."""
     blocker = n1.agent.runtime.logs_dir / "default" / "blocked"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a directory")
-    owner, _ = n1.bind(_script("blocked", "touch ran"))
+    owner, _ = n1.bind(_script("blocked", "true"))
 
-    ended = n1.ended("blocked").status
+    ended = n1.ended("blocked")
 
-    assert (ended.reason, ended.exit_code) == ("StartError", 127)
-    assert ended.message is not None
-    assert f"cannot open the log {blocker}/{owner.metadata.uid}/attempt-1.log" in ended.message
-    assert "Not a directory" in ended.message
+    status = ended.status
+    assert (status.reason, status.exit_code, status.pid, status.log_path) == (
+        "StartError",
+        127,
+        None,
+        None,
+    )
+    assert status.message is not None
+    assert f"cannot open the log {blocker}/{owner.metadata.uid}/attempt-1.log" in status.message
+    assert "Not a directory" in status.message
+    with pytest.raises(errors.NotFound, match="ended before it started: cannot open the log"):
+        following.show(n1.database, ended, 0, False, threading.Event())
