@@ -182,8 +182,7 @@ class Reads(revisions.Revisions):
 
     def bindings_of(self, job_uid: str) -> list[binding.Binding]:
         """Every attempt of one Job, oldest first."""
-        table = tables.table_of(binding.Binding.KIND)
-        rows = self.execute(select(*tables.readable(table)).where(table.c.job_uid == job_uid)).all()
+        rows = self.execute(_bindings_of_query(), {"uids": [job_uid]}).all()
         found = [stored.validated(binding.Binding, row_to_wire(binding.Binding, r)) for r in rows]
         return sorted(found, key=lambda b: b.spec.attempt)
 

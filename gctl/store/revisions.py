@@ -14,7 +14,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Dialect, Executable, Result, and_, bindparam, insert, or_, select, update
+from sqlalchemy import (
+    Dialect,
+    Executable,
+    Result,
+    String,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from gctl.api import meta
@@ -30,6 +42,8 @@ Bulk = Callable[[], tuple[str, list[Any]] | None]  # one statement for many rows
 _CURRENT = select(REVISION.c.revision)
 _NEXT = update(REVISION).values(revision=REVISION.c.revision + 1).returning(REVISION.c.revision)
 _APPEND = insert(_CHANGES)
+_NOTIFY = select(func.pg_notify(NOTIFY_CHANNEL, bindparam("revision", type_=String)))
+_SCHEDULING_LOCK = select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY))
 
 
 @dataclass(frozen=True)
@@ -99,9 +113,7 @@ class Revisions:
         Two controllers on one PostgreSQL would otherwise read the same free GPU and bind
         different Jobs to it; SQLite's write transactions are serialized already."""
         if self._dialect.name == "postgresql":
-            from sqlalchemy import func
-
-            self.execute(select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY)))
+            self.execute(_SCHEDULING_LOCK)
 
     @property
     def written_revision(self) -> int | None:
@@ -117,9 +129,7 @@ class Revisions:
         if self._revision is None:
             self._revision = int(self.execute(_NEXT).scalar_one())
             if self._dialect.name == "postgresql":
-                from sqlalchemy import func
-
-                self.execute(select(func.pg_notify(NOTIFY_CHANNEL, str(self._revision))))
+                self.execute(_NOTIFY, {"revision": str(self._revision)})
         return self._revision
 
     def _record(self, change_type: str, wires: Iterable[dict[str, Any]]) -> None:
