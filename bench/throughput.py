@@ -8,7 +8,9 @@
   it, for information: the CPU time per job of `gctl up` (its threads and the fork server;
   /proc/PID/stat) and of the whole machine (/proc/stat: the supervisors and the jobs too).
   And, for information, the CPU the Store alone spends per job on the seven object writes and
-  three Events of a job's lifecycle (bench.lifecycle), beside what the budget leaves each job.
+  three Events of a job's lifecycle (bench.lifecycle), beside what the budget leaves each job;
+  and the machine's user and system CPU per `true` attempt launched through the agent's
+  runtime alone (bench.attempts: fork server, supervisor, job; no database, no daemons).
 - packing-200: 200 `sleep 0.5` Jobs (the command itself, no shell) on 8 fake GPUs in one
   `gctl apply`: apply -> the last one Succeeded, against the ideal 12.5 s + 2%; and the mean gap
   between one attempt's end and the next one's start on the same GPU, as their supervisors
@@ -30,8 +32,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench import attempts, lifecycle
 from bench import jobs as job_benchmarks
-from bench import lifecycle
 from bench.store import BenchError, Context, Result, progress, run_gctl
 from gctl.api import job, meta
 from gctl.store import store
@@ -41,6 +43,7 @@ THROUGHPUT_TIMEOUT_S = 600.0
 # A job's durable records alone (bench.lifecycle), in transactions of one GPU round of 8 Jobs
 # (as the daemons batch them) and of all 1,000 at once (the most batching could give).
 RECORD_ROUNDS = (THROUGHPUT_GPUS, THROUGHPUT_JOBS)
+RUNTIME_ATTEMPTS = 300  # `true` attempts through the runtime alone (bench.attempts)
 PACKING_JOBS, PACKING_GPUS, PACKING_SLEEP_S = 200, 8, 0.5
 PACKING_IDEAL_S = PACKING_JOBS / PACKING_GPUS * PACKING_SLEEP_S
 PACKING_TIMEOUT_S = 300.0
@@ -84,6 +87,8 @@ def bench_throughput(ctx: Context) -> list[Result]:
     progress("throughput-1000: the records alone, through the Store...")
     with job_benchmarks.fresh_database(ctx, "throughput-1000-records") as url:
         records = {n: lifecycle.cpu_ms_per_job(url, THROUGHPUT_JOBS, n) for n in RECORD_ROUNDS}
+    progress(f"throughput-1000: {RUNTIME_ATTEMPTS} attempts through the runtime alone...")
+    user, system = attempts.cpu_ms_per_attempt(ctx.workdir / "runtime-alone", RUNTIME_ATTEMPTS)
     # The CPU the budget leaves each job, for everything: the two-fold floor's time, all cores.
     allowed = floor * 2 * (os.cpu_count() or 1) * per_job
     return [
@@ -121,6 +126,14 @@ def bench_throughput(ctx: Context) -> list[Result]:
                 note=f"CPU per job, the Store alone, rounds of {n}; budget leaves {allowed:.1f}",
             )
             for n, ms in records.items()
+        ),
+        Result(
+            "throughput-1000-attempt-cpu",
+            user + system,
+            "ms",
+            None,
+            kind="info",
+            note=f"machine CPU per attempt, runtime alone: {user:.1f} user, {system:.1f} system",
         ),
     ]
 
