@@ -29,7 +29,7 @@ T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
 
 _WHERE_KEYS = frozenset({"b_uid", "b_version"})  # the parameters of `_write_wires`'s guard
-_NEW_VERSION = "new_version"  # and of the resourceVersion it writes (no column is named b_...)
+_NEW_VERSION = "new_version"  # and of the resourceVersion it writes (named as no column is)
 # The types of the Store's API, where its callers have always found them.
 Change = revisions.Change
 Occurrence = events.Occurrence
