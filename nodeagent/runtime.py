@@ -200,7 +200,11 @@ class Runtime:
         # The launch records need not survive a power cut, which ends every job with them: an
         # attempt found without them after a reboot is absent (a Running one is reported lost,
         # a Starting one starts). Not syncing them takes two fsyncs off every job's start.
-        supervisor.write_atomically(
+        # A new directory has no reader yet (its supervisor is started after): the record is
+        # written in place, a rename less; a torn one left by a crash reads as absent, and is
+        # replaced whole when the attempt is prepared again.
+        write = supervisor.write_atomically if not fresh else supervisor.write_new
+        write(
             directory / supervisor.SPEC,
             {
                 "argv": launch.argv,

@@ -106,3 +106,23 @@ def test_a_command_with_a_nul_byte_cannot_start_and_says_why(node: runtime.Runti
     assert (state.exit_code, state.reason) == (127, "StartError")
     assert state.message == "embedded null byte"
     assert "embedded null byte" in node.log_path("default", "nul", "job-uid", 1).read_text()
+
+
+def test_a_launch_record_torn_by_a_crash_reads_as_absent_and_is_written_whole_again(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    """A new attempt's launch record is written in place, not renamed (no one reads it before
+    its supervisor starts): an agent that died halfway through leaves the attempt absent, and
+    preparing it again replaces the record whole."""
+    directory = node.attempts_dir / "torn"
+    directory.mkdir()
+    (directory / supervisor.SPEC).write_text('{"argv": ["bash", "-c", "ec')  # cut short
+    assert node.state("torn").phase == "absent"
+    assert node.launched_log("torn") is None
+
+    launch_script(node, "torn", f"echo whole > {tmp_path}/ran")
+
+    until(lambda: node.state("torn").phase == "exited", "the attempt to run")
+    assert node.state("torn").exit_code == 0
+    assert (tmp_path / "ran").read_text() == "whole\n"
+    assert supervisor.read_json(directory / supervisor.SPEC) is not None
