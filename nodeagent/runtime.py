@@ -203,7 +203,7 @@ class Runtime:
         # A new directory has no reader yet (its supervisor is started after): the record is
         # written in place, a rename less; a torn one left by a crash reads as absent, and is
         # replaced whole when the attempt is prepared again.
-        write = supervisor.write_atomically if not fresh else supervisor.write_new
+        write = supervisor.write_new if fresh else supervisor.write_atomically
         write(
             directory / supervisor.SPEC,
             {
