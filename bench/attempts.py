@@ -12,10 +12,12 @@ import os
 import time
 from pathlib import Path
 
+from bench.store import BenchError
 from nodeagent import runtime
 
 WARM_UP = 20
 POLL_S = 0.0005
+TIMEOUT_S = 30.0  # for one `true` attempt to end
 
 
 def cpu_ms_per_attempt(state_dir: Path, attempts: int) -> tuple[float, float]:
@@ -45,7 +47,10 @@ def _run(node: runtime.Runtime, state_dir: Path, uid: str) -> None:
         grace_seconds=1.0,
     )
     node.launch(launch)
-    while node.state(uid).phase != "exited":
+    deadline = time.monotonic() + TIMEOUT_S
+    while (phase := node.state(uid).phase) != "exited":
+        if time.monotonic() > deadline:  # its fork server died with it, say: nothing retries
+            raise BenchError(f"attempt {uid} of `true` not ended after {TIMEOUT_S:g} s: {phase}")
         time.sleep(POLL_S)
 
 
