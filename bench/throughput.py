@@ -266,12 +266,8 @@ def cpu_seconds(root: int) -> float:
 
 
 def machine_cpu_seconds() -> float:
-    """CPU seconds the whole machine has used since boot, every process and the kernel's work
-    (/proc/stat: all but idle and iowait); other programs on the machine count too."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        fields = [int(f) for f in stat.readline().split()[1:]]
-    idle, iowait = fields[3], fields[4]
-    return (sum(fields[:7]) - idle - iowait) / TICKS  # user, nice, system, irq, softirq
+    """CPU seconds the whole machine has used since boot (`attempts.machine_cpu`)."""
+    return sum(attempts.machine_cpu())
 
 
 def bench_idle(ctx: Context) -> list[Result]:
