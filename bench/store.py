@@ -80,11 +80,12 @@ def progress(message: str) -> None:
 
 
 def gctl_command() -> list[str]:
-    """The console script next to this interpreter; `python -m gctl.cli.main` without one."""
+    """The console script next to this interpreter; without one, what it runs: `python -m
+    gctl.cli.client` (which hands commands to the command server, as the script does)."""
     script = Path(sys.executable).parent / "gctl"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "gctl.cli.main"]
+    return [sys.executable, "-m", "gctl.cli.client"]
 
 
 def run_gctl(args: Sequence[str], served: bool = True) -> tuple[float, str]:
