@@ -4,9 +4,11 @@ The only module of the CLI that imports the controller and the node agent, and o
 these commands runs.
 """
 
+import contextlib
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -68,9 +70,11 @@ def _logging() -> None:
     )
 
 
-def _stop_on_signals() -> tuple[threading.Event, list[str]]:
+def _stop_on_signals(*, interrupts: bool = True) -> tuple[threading.Event, list[str]]:
     """The event SIGTERM and SIGINT set, and the names of the signals received. Every wait of
-    the daemons' threads wakes on it at once (`notify.Stop`), so that they end in moments."""
+    the daemons' threads wakes on it at once (`notify.Stop`), so that they end in moments.
+    Without `interrupts`, SIGINT is ignored: `gctl up`'s agent process leaves Ctrl-C to `gctl
+    up`, which stops it (`_AgentProcess`)."""
     from gctl.store import notify
 
     stop = notify.Stop()
@@ -86,7 +90,7 @@ def _stop_on_signals() -> tuple[threading.Event, list[str]]:
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, handler if interrupts else signal.SIG_IGN)
     return stop, received
 
 
@@ -186,6 +190,11 @@ STOP_GRACE_S = 5.0
 
 Runners = list[tuple[str, Callable[[threading.Event], None]]]
 START_RETRY_S = 2.0  # between tries to reach a database that is not there yet
+STOP_CHECK_S = 0.5  # how often a wait that cannot sleep on the stop itself looks at it
+# What `gctl up`'s agent process says through its `ready` pipe (`_AgentProcess`): that it
+# claimed its Node, or that it was refused, and why (the message follows).
+READY, REFUSED = b"\1", b"E"
+SIGNAL_LAG_S = 1.0  # how long a signal to `gctl up` may come after the same one to its agent
 
 
 class _Opened:
@@ -194,9 +203,11 @@ class _Opened:
     the database is away, and each try would otherwise leave its engines, and their
     connections, behind (a controller's, where the agent built after it failed), and an agent
     its hold on the state directory, which refused the next try's agent as "another agent"
-    (`gctl up --sync DIR`, the sync's database away after the agent's claim)."""
+    (`gctl up --sync DIR`, the sync's database away after the agent's claim). `stop`: the
+    daemons' stop, for a part whose building waits (`_AgentProcess.runner`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
         self.databases: list[db.Database] = []
         self.agent: nodeagent.agent.Agent | None = None
 
@@ -227,7 +238,7 @@ def _built(build: Build, stop: threading.Event) -> Runners:
 
     said = failures.FailureLog(logging.getLogger("gctl"))
     while not stop.is_set():
-        opened = _Opened()
+        opened = _Opened(stop)
         try:
             return build(opened)
         except BaseException as exc:
@@ -239,13 +250,19 @@ def _built(build: Build, stop: threading.Event) -> Runners:
     return []
 
 
-def _run(build: Build, *, jobs_outlive: bool = False) -> None:
+def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None) -> None:
     """Build the parts and run them in threads until a signal, or until one of them fails;
     then stop them all. `jobs_outlive`: an agent is among them, whose jobs go on running
     without it. The signals are handled from the start: one that comes while the parts are
     built (opening the database, claiming the Node: seconds where the database is busy) stops
-    them as they start, and is said, rather than killing the process silently."""
-    stop, received = _stop_on_signals()
+    them as they start, and is said, rather than killing the process silently. `parent`: the
+    read end of a pipe whose end (`gctl up` stopping, or gone) stops them too, unsaid (`gctl
+    up` says it); SIGINT is then ignored."""
+    stop, received = _stop_on_signals(interrupts=parent is None)
+    if parent is not None:
+        threading.Thread(
+            target=_stop_at_end, args=(parent, stop), name="parent", daemon=True
+        ).start()
     runners = _built(build, stop)
     # A thread back from a database call waits for the GIL until the busy one yields it, up
     # to the switch interval (5 ms by default); every hand-off between the controller, the
@@ -271,7 +288,8 @@ def _run(build: Build, *, jobs_outlive: bool = False) -> None:
         pass
     why = f"received {received[0]}" if received else "a part stopped"
     outlive = "; running jobs keep running" if jobs_outlive else ""
-    logging.getLogger("gctl").info("%s: shutting down%s", why, outlive)
+    if parent is None or received or failures:
+        logging.getLogger("gctl").info("%s: shutting down%s", why, outlive)
     deadline = time.monotonic() + STOP_GRACE_S
     for thread in threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -294,6 +312,174 @@ def _run(build: Build, *, jobs_outlive: bool = False) -> None:
         raise SystemExit(1)
 
 
+def _stop_at_end(fd: int, stop: threading.Event) -> None:
+    """Set `stop` once the pipe `fd` reads at its end: its writer closed it, or died."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 64):
+            pass
+    stop.set()
+
+
+class _AgentProcess:
+    """`gctl up`'s node agent, in a process of its own, forked as `gctl up` starts (before it
+    opens anything or starts a thread). The controller and the agent each get an interpreter,
+    and its lock (the GIL), to themselves: in one process, the agent's reports and launches
+    waited for the controller's passes and the other way round, and `gctl up` could use no
+    more than one core's worth of Python (docs/decisions.md).
+
+    Two pipes join them. The agent writes a byte to `ready` once it has claimed its Node, and
+    `gctl up` waits for it before it starts its parts, so that an agent that is refused (the
+    Node has an agent already) stops `gctl up` before anything runs, as in one process. `gctl
+    up` holds the write end of `stop`: it closes it to stop the agent, and the kernel closes it
+    when `gctl up` dies, even of SIGKILL, so an agent is never left behind. Ctrl-C is `gctl
+    up`'s: the agent ignores SIGINT, and stops when `gctl up` closes the pipe. An agent that
+    ends on its own stops `gctl up` (exit 1), as a part that fails does."""
+
+    def __init__(self, pid: int, ready: int, stop: int) -> None:
+        self.pid = pid
+        self._ready: int | None = ready  # read end; None once the byte came
+        self._stop: int | None = stop  # write end; None once closed
+        self._status: int | None = None  # its wait status, once reaped
+
+    @classmethod
+    def fork(cls, db_url: str | None, options: AgentOptions) -> "_AgentProcess":
+        ready_r, ready_w = os.pipe()
+        stop_r, stop_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(ready_r)
+            os.close(stop_w)
+            _agent_process_main(db_url, options, ready_w, stop_r)
+        os.close(ready_w)
+        os.close(stop_r)
+        return cls(pid, ready_r, stop_w)
+
+    def runner(self, stop: threading.Event) -> Callable[[threading.Event], None]:
+        """Once the agent has claimed its Node: what watches it among `gctl up`'s parts. A
+        stop meanwhile returns at once (the parts then stop, and the agent with them). An
+        agent refused (its error comes through the pipe, to be said here, last) or ended
+        first ends `gctl up` with its exit status."""
+        from gctl.store import notify
+
+        while self._ready is not None and not stop.is_set():
+            watched = [self._ready, *[fd for fd in [notify.stop_fd(stop)] if fd is not None]]
+            if self._ready not in select.select(watched, [], [], STOP_CHECK_S)[0]:
+                continue
+            said = os.read(self._ready, 1)
+            if said != READY:  # refused (its error follows), or ended before it claimed
+                while more := os.read(self._ready, 65536):
+                    said += more
+                status = self._wait()
+                if said.startswith(REFUSED):
+                    raise errors.GctlError(said[len(REFUSED) :].decode(errors="replace"))
+                if status == 0 and stop.wait(SIGNAL_LAG_S):  # stopped with `gctl up`
+                    break
+                code = 1 if status is None else os.waitstatus_to_exitcode(status)
+                raise SystemExit(code if code > 0 else 1)  # a death by signal N is -N
+            os.close(self._ready)
+            self._ready = None
+        return self._watch
+
+    def _watch(self, stop: threading.Event) -> None:
+        """Until `stop` (then the agent is stopped and waited for: its parts stop in moments,
+        STOP_GRACE_S at most) or the agent's end (an error: a part of `gctl up` stopped)."""
+        status = self._wait(stop)
+        # A signal to the whole group (systemd's stop) stops the agent too, and it may end
+        # first: a clean end is an error only if `gctl up` was not being stopped as well.
+        if status == 0 and stop.wait(SIGNAL_LAG_S):
+            return
+        if status is not None:
+            code = os.waitstatus_to_exitcode(status)
+            how = f"exit {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+            raise errors.GctlError(f"its process (pid {self.pid}) ended ({how})")
+        self.stop()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Close the `stop` pipe, and wait for the agent to end (`timeout`: at most so long)."""
+        if self._stop is not None:
+            os.close(self._stop)
+            self._stop = None
+        self._wait(timeout=timeout)
+
+    def _wait(
+        self, stop: threading.Event | None = None, timeout: float | None = None
+    ) -> int | None:
+        """The agent's wait status once it has ended; None if `stop` is set, or `timeout`
+        seconds pass, first."""
+        from gctl.store import notify
+
+        if self._status is not None:
+            return self._status
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stop_fd = notify.stop_fd(stop)
+        pidfd = os.pidfd_open(self.pid) if hasattr(os, "pidfd_open") else None
+        watched = [fd for fd in (pidfd, stop_fd) if fd is not None]
+        # Without a descriptor for each thing it waits on, it looks every STOP_CHECK_S.
+        every = STOP_CHECK_S if pidfd is None or (stop is not None and stop_fd is None) else None
+        try:
+            while stop is None or not stop.is_set():
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self._status = status
+                    return status
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                naps = [t for t in (left, every) if t is not None]
+                select.select(watched, [], [], min(naps) if naps else None)
+            return None
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+
+def _agent_process_main(db_url: str | None, options: AgentOptions, ready: int, parent: int) -> None:
+    """The agent process of `gctl up` (`_AgentProcess`): runs the agent until `gctl up` closes
+    `parent`, or a signal; never returns (os._exit: what `gctl up` set up before the fork,
+    its exit handlers and buffered output, is not this process's). An error before the agent
+    runs goes to `gctl up` through `ready`, which says it as its own."""
+    code = 1
+    told = False
+
+    def tell(what: bytes) -> bool:
+        """Write `what` to `ready`, once: whether it was written (not if it was before, or
+        `gctl up` is gone)."""
+        nonlocal told
+        if told:
+            return False
+        told = True
+        try:
+            os.write(ready, what)
+        except OSError:
+            return False
+        return True
+
+    try:
+
+        def build(opened: _Opened) -> Runners:
+            runner = _agent_runner(opened, db_url, options)
+            tell(READY)
+            return [("agent", runner)]
+
+        _run(build, jobs_outlive=True, parent=parent)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except errors.GctlError as exc:
+        if not tell(REFUSED + str(exc).encode()):  # it ran: say it here
+            print(f"error: {exc}", file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        logging.shutdown()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 def up(
     db_url: str | None,
     options: AgentOptions,
@@ -302,14 +488,18 @@ def up(
     syncs: "Sequence[syncer.Options]" = (),
 ) -> None:
     _logging()
-    _run(
-        lambda opened: [
-            ("controller", _controller_runner(opened, db_url, node_timeout, backoff)),
-            ("agent", _agent_runner(opened, db_url, options)),
-            *(_sync_runner(opened, db_url, sync_options, None) for sync_options in syncs),
-        ],
-        jobs_outlive=True,
-    )
+    agent_process = _AgentProcess.fork(db_url, options)
+    try:
+        _run(
+            lambda opened: [
+                ("controller", _controller_runner(opened, db_url, node_timeout, backoff)),
+                ("agent", agent_process.runner(opened.stop)),
+                *(_sync_runner(opened, db_url, sync_options, None) for sync_options in syncs),
+            ],
+            jobs_outlive=True,
+        )
+    finally:
+        agent_process.stop(timeout=STOP_GRACE_S)
 
 
 def controller(

@@ -1,6 +1,7 @@
 """The daemons as a user runs them: `gctl up` and `gctl agent run` as real processes, stopped
 with real signals."""
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,9 +27,11 @@ from tests.e2e.test_jobs import alive, apply_job, phase_is, wait_for
 SHUTDOWN_BOUND_S = 3.0
 
 
-def _up(gctl: Gctl, tmp_path: Path, log: Path) -> "subprocess.Popen[bytes]":
+def _up(
+    gctl: Gctl, tmp_path: Path, log: Path, *, session: bool = False
+) -> "subprocess.Popen[bytes]":
     """`gctl up` with its default heartbeat (10 s): the agent waited for its next one to
-    notice a stop."""
+    notice a stop. `session`: in a session (and process group) of its own, as a service."""
     with open(log, "ab") as out:
         return subprocess.Popen(
             [
@@ -38,7 +42,30 @@ def _up(gctl: Gctl, tmp_path: Path, log: Path) -> "subprocess.Popen[bytes]":
             stderr=out,
             env=gctl.env(),
             cwd=tmp_path,
+            start_new_session=session,
         )
+
+
+@contextlib.contextmanager
+def _up_running_a_job(
+    gctl: Gctl, tmp_path: Path, *, session: bool = False
+) -> "Iterator[tuple[subprocess.Popen[bytes], int, Path]]":
+    """`gctl up` (`_up`) running a Job `stays` (`sleep 60`): (`gctl up`, the job's pid, the
+    log). Both are killed on the way out, whatever the test did to them."""
+    log = tmp_path / "up.log"
+    process = _up(gctl, tmp_path, log, session=session)
+    pid = None
+    try:
+        apply_job(gctl, "stays", ["sleep", "60"])
+        wait_for(phase_is(gctl, "stays", "Running"), "the job to run")
+        pid = json.loads(gctl.ok("get", "binding", "stays-1", "-o", "json"))["status"]["pid"]
+        yield process, pid, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        if pid is not None:
+            os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -47,14 +74,7 @@ def test_up_shuts_down_at_once_and_says_so_leaving_its_jobs_running(
 ) -> None:
     """QA's case: SIGTERM or SIGINT made `gctl up` exit after 6-8 s, saying nothing. The job
     it started keeps running (DESIGN.md: jobs outlive their agent)."""
-    log = tmp_path / "up.log"
-    process = _up(gctl, tmp_path, log)
-    pid = None
-    try:
-        apply_job(gctl, "stays", ["sleep", "60"])
-        wait_for(phase_is(gctl, "stays", "Running"), "the job to run")
-        attempt = json.loads(gctl.ok("get", "binding", "stays-1", "-o", "json"))
-        pid = attempt["status"]["pid"]
+    with _up_running_a_job(gctl, tmp_path) as (process, pid, log):
         time.sleep(0.5)  # past the heartbeat that followed the start
         signalled = time.monotonic()
         process.send_signal(sig)
@@ -65,12 +85,73 @@ def test_up_shuts_down_at_once_and_says_so_leaving_its_jobs_running(
         assert took < SHUTDOWN_BOUND_S, f"took {took:.1f}s to stop\n{said}"
         assert f"received {sig.name}: shutting down; running jobs keep running" in said
         assert alive(pid)
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _agent_pid(gctl: Gctl, node_name: str) -> int:
+    """The pid of the agent heartbeating for `node_name`, once it has claimed its Node."""
+    found: int = wait_for(lambda: _instance_pid(gctl, node_name), "the agent to claim its Node")
+    return found
+
+
+def test_up_runs_its_agent_in_a_process_of_its_own_that_never_outlives_it(
+    gctl: Gctl, tmp_path: Path
+) -> None:
+    """The controller and the agent each have an interpreter (and its GIL) to themselves: the
+    agent is a child of `gctl up`. Killed with SIGKILL, `gctl up` can tell its agent nothing,
+    and the agent stops by itself (the pipe it holds from `gctl up` ends), leaving its job
+    running for the next agent of the node to adopt."""
+    with _up_running_a_job(gctl, tmp_path) as (process, pid, log):
+        agent = _agent_pid(gctl, "n1")
+        assert agent != process.pid
+        assert _parent_of(agent) == process.pid
+        process.kill()
+        process.wait(10)
+        wait_for(lambda: not alive(agent), "the agent to stop", timeout=SHUTDOWN_BOUND_S * 2)
+        assert alive(pid)
+        assert "Traceback" not in log.read_text()
+
+
+def test_up_stopped_with_its_whole_process_group_stops_as_when_stopped_alone(
+    gctl: Gctl, tmp_path: Path
+) -> None:
+    """A service manager stops a service with SIGTERM to all its processes: the agent gets it
+    too, and may end before `gctl up` has seen its own. That is a stop, exit 0, not a part
+    that failed; the job (in a session of its own) keeps running."""
+    with _up_running_a_job(gctl, tmp_path, session=True) as (process, pid, log):
+        agent = _agent_pid(gctl, "n1")
+        os.killpg(process.pid, signal.SIGTERM)
+        code = process.wait(30)
+        said = log.read_text()
+        assert code == 0, said
+        assert "received SIGTERM: shutting down; running jobs keep running" in said
+        assert "agent stopped" not in said
+        assert not alive(agent)
+        assert alive(pid)
+
+
+def test_up_whose_agent_process_ends_stops_and_says_so(gctl: Gctl, tmp_path: Path) -> None:
+    """An agent that ends on its own (killed here) is a part of `gctl up` that stopped: `gctl
+    up` stops its other parts and exits 1, naming it."""
+    log = tmp_path / "up.log"
+    process = _up(gctl, tmp_path, log)
+    try:
+        agent = _agent_pid(gctl, "n1")
+        os.kill(agent, signal.SIGKILL)
+        code = process.wait(30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(10)
-        if pid is not None:
-            os.killpg(pid, signal.SIGKILL)
+    said = log.read_text()
+    assert code == 1, said
+    assert f"agent stopped: its process (pid {agent}) ended (killed by SIGKILL)" in said
+    assert "a part stopped: shutting down; running jobs keep running" in said
+    assert "Traceback" not in said
 
 
 def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
@@ -215,8 +296,9 @@ def _agent(gctl: Gctl, state: Path, log: Path) -> "subprocess.Popen[bytes]":
         )
 
 
-def _instance_pid(gctl: Gctl) -> int | None:
-    found = gctl("get", "node", "nb", "-o", "json")
+def _instance_pid(gctl: Gctl, node_name: str = "nb") -> int | None:
+    """The pid of the agent its Node names, if it names one."""
+    found = gctl("get", "node", node_name, "-o", "json")
     if found.code != 0:
         return None
     instance = json.loads(found.out)["status"].get("agentInstance")
