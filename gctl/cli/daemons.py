@@ -191,9 +191,9 @@ STOP_GRACE_S = 5.0
 Runners = list[tuple[str, Callable[[threading.Event], None]]]
 START_RETRY_S = 2.0  # between tries to reach a database that is not there yet
 STOP_CHECK_S = 0.5  # how often a wait that cannot sleep on the stop itself looks at it
-# What `gctl up`'s agent process says through its `ready` pipe (`_AgentProcess`): that it
-# claimed its Node, or that it was refused, and why (the message follows).
-READY, REFUSED = b"\1", b"E"
+# What `gctl up`'s agent process says on its `said` pipe (`_AgentProcess`): that its part is
+# built, and the error it ended with (the message follows).
+READY, ERROR = b"\1", b"E"
 SIGNAL_LAG_S = 1.0  # how long a signal to `gctl up` may come after the same one to its agent
 
 
@@ -256,8 +256,8 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
     without it. The signals are handled from the start: one that comes while the parts are
     built (opening the database, claiming the Node: seconds where the database is busy) stops
     them as they start, and is said, rather than killing the process silently. `parent`: the
-    read end of a pipe whose end (`gctl up` stopping, or gone) stops them too, unsaid (`gctl
-    up` says it); SIGINT is then ignored."""
+    read end of a pipe whose end (`gctl up` stopping, or gone) stops them too; SIGINT is then
+    ignored, and `gctl up` says why they stopped, and the error they stopped with."""
     stop, received = _stop_on_signals(interrupts=parent is None)
     if parent is not None:
         threading.Thread(
@@ -274,7 +274,8 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
         try:
             run(stop)
         except BaseException as exc:  # one part failing stops the others
-            logging.getLogger("gctl").error("%s stopped: %s", name, exc)
+            if parent is None or not isinstance(exc, errors.GctlError):  # else `gctl up` says it
+                logging.getLogger("gctl").error("%s stopped: %s", name, exc)
             failures.append(exc)
             stop.set()
 
@@ -288,7 +289,7 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
         pass
     why = f"received {received[0]}" if received else "a part stopped"
     outlive = "; running jobs keep running" if jobs_outlive else ""
-    if parent is None or received or failures:
+    if parent is None or received:  # else `gctl up` says why
         logging.getLogger("gctl").info("%s: shutting down%s", why, outlive)
     deadline = time.monotonic() + STOP_GRACE_S
     for thread in threads:
@@ -327,57 +328,53 @@ class _AgentProcess:
     waited for the controller's passes and the other way round, and `gctl up` could use no
     more than one core's worth of Python (docs/decisions.md).
 
-    Two pipes join them. The agent writes a byte to `ready` once it has claimed its Node, and
-    `gctl up` waits for it before it starts its parts, so that an agent that is refused (the
-    Node has an agent already) stops `gctl up` before anything runs, as in one process. `gctl
-    up` holds the write end of `stop`: it closes it to stop the agent, and the kernel closes it
-    when `gctl up` dies, even of SIGKILL, so an agent is never left behind. Ctrl-C is `gctl
-    up`'s: the agent ignores SIGINT, and stops when `gctl up` closes the pipe. An agent that
-    ends on its own stops `gctl up` (exit 1), as a part that fails does."""
+    Two pipes join them. On `said`, the agent writes READY once its part is built (its Node
+    claimed, or another agent's heartbeat being watched), and `gctl up` waits for it before it
+    starts its parts; and, if it ends with an error, the error, which `gctl up` then says as
+    its own: a refused agent stops `gctl up` before anything runs, its error the last line, as
+    when both ran in one process. `gctl up` holds the write end of `stop`: it closes it to
+    stop the agent, and the kernel closes it when `gctl up` dies, even of SIGKILL, so an agent
+    is never left behind. Ctrl-C is `gctl up`'s: the agent ignores SIGINT, and stops when `gctl
+    up` closes the pipe. An agent that ends on its own stops `gctl up` (exit 1), as a part
+    that fails does."""
 
-    def __init__(self, pid: int, ready: int, stop: int) -> None:
+    def __init__(self, pid: int, said: int, stop: int) -> None:
         self.pid = pid
-        self._ready: int | None = ready  # read end; None once the byte came
+        self._said = said  # read end
+        self._ready = False  # whether READY came
         self._stop: int | None = stop  # write end; None once closed
         self._status: int | None = None  # its wait status, once reaped
 
     @classmethod
     def fork(cls, db_url: str | None, options: AgentOptions) -> "_AgentProcess":
-        ready_r, ready_w = os.pipe()
+        said_r, said_w = os.pipe()
         stop_r, stop_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(ready_r)
+            os.close(said_r)
             os.close(stop_w)
-            _agent_process_main(db_url, options, ready_w, stop_r)
-        os.close(ready_w)
+            _agent_process_main(db_url, options, said_w, stop_r)
+        os.close(said_w)
         os.close(stop_r)
-        return cls(pid, ready_r, stop_w)
+        return cls(pid, said_r, stop_w)
 
     def runner(self, stop: threading.Event) -> Callable[[threading.Event], None]:
-        """Once the agent has claimed its Node: what watches it among `gctl up`'s parts. A
-        stop meanwhile returns at once (the parts then stop, and the agent with them). An
-        agent refused (its error comes through the pipe, to be said here, last) or ended
-        first ends `gctl up` with its exit status."""
+        """Once the agent's part is built: what watches it among `gctl up`'s parts. A stop
+        meanwhile returns at once (the parts then stop, and the agent with them); an agent
+        that ends first, refused or not, is an error (`gctl up` then runs nothing)."""
         from gctl.store import notify
 
-        while self._ready is not None and not stop.is_set():
-            watched = [self._ready, *[fd for fd in [notify.stop_fd(stop)] if fd is not None]]
-            if self._ready not in select.select(watched, [], [], STOP_CHECK_S)[0]:
+        while not self._ready and not stop.is_set():
+            watched = [self._said, *[fd for fd in [notify.stop_fd(stop)] if fd is not None]]
+            if self._said not in select.select(watched, [], [], STOP_CHECK_S)[0]:
                 continue
-            said = os.read(self._ready, 1)
-            if said != READY:  # refused (its error follows), or ended before it claimed
-                while more := os.read(self._ready, 65536):
-                    said += more
-                status = self._wait()
-                if said.startswith(REFUSED):
-                    raise errors.GctlError(said[len(REFUSED) :].decode(errors="replace"))
-                if status == 0 and stop.wait(SIGNAL_LAG_S):  # stopped with `gctl up`
-                    break
-                code = 1 if status is None else os.waitstatus_to_exitcode(status)
-                raise SystemExit(code if code > 0 else 1)  # a death by signal N is -N
-            os.close(self._ready)
-            self._ready = None
+            if os.read(self._said, len(READY)) == READY:
+                self._ready = True
+                break
+            status = self._wait()  # it ended: the pipe is at its end, or its error follows
+            if status == 0 and stop.wait(SIGNAL_LAG_S):  # stopped with `gctl up`
+                break
+            raise self._ended(status, "before it started")
         return self._watch
 
     def _watch(self, stop: threading.Event) -> None:
@@ -386,13 +383,38 @@ class _AgentProcess:
         status = self._wait(stop)
         # A signal to the whole group (systemd's stop) stops the agent too, and it may end
         # first: a clean end is an error only if `gctl up` was not being stopped as well.
-        if status == 0 and stop.wait(SIGNAL_LAG_S):
+        if status is None or (status == 0 and stop.wait(SIGNAL_LAG_S)):
+            self.stop()
+            if self._status is not None and (error := self._last_words()) is not None:
+                raise errors.GctlError(error)  # while it stopped
             return
-        if status is not None:
-            code = os.waitstatus_to_exitcode(status)
-            how = f"exit {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
-            raise errors.GctlError(f"its process (pid {self.pid}) ended ({how})")
-        self.stop()
+        raise self._ended(status)
+
+    def _ended(self, status: int | None, when: str = "") -> errors.GctlError:
+        """The error of an agent that ended on its own: its own if it said one, else how."""
+        error = self._last_words()
+        if error is not None:
+            return errors.GctlError(error)
+        code = 1 if status is None else os.waitstatus_to_exitcode(status)
+        if code >= 0:
+            how = f"exit {code}"
+        else:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:  # a real-time signal has no name
+                how = f"killed by signal {-code}"
+        ended = f"the node agent's process (pid {self.pid}) ended ({how})"
+        return errors.GctlError(f"{ended} {when}" if when else ended)
+
+    def _last_words(self) -> str | None:
+        """The error an agent that has ended wrote to `said`, if any."""
+        os.set_blocking(self._said, False)  # never waits: its writer has ended
+        data = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self._said, 65536):
+                data += chunk
+        error = data.removeprefix(READY).removeprefix(ERROR)
+        return error.decode(errors="replace") if error else None
 
     def stop(self, timeout: float | None = None) -> None:
         """Close the `stop` pipe, and wait for the agent to end (`timeout`: at most so long)."""
@@ -412,7 +434,7 @@ class _AgentProcess:
             return self._status
         deadline = None if timeout is None else time.monotonic() + timeout
         stop_fd = notify.stop_fd(stop)
-        pidfd = os.pidfd_open(self.pid) if hasattr(os, "pidfd_open") else None
+        pidfd = _pidfd(self.pid)
         watched = [fd for fd in (pidfd, stop_fd) if fd is not None]
         # Without a descriptor for each thing it waits on, it looks every STOP_CHECK_S.
         every = STOP_CHECK_S if pidfd is None or (stop is not None and stop_fd is None) else None
@@ -433,32 +455,28 @@ class _AgentProcess:
                 os.close(pidfd)
 
 
-def _agent_process_main(db_url: str | None, options: AgentOptions, ready: int, parent: int) -> None:
+def _pidfd(pid: int) -> int | None:
+    """A descriptor readable once process `pid` ends; None where the system gives none (Linux
+    before 5.3, or a seccomp profile older than pidfd_open: waits then poll)."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _agent_process_main(db_url: str | None, options: AgentOptions, said: int, parent: int) -> None:
     """The agent process of `gctl up` (`_AgentProcess`): runs the agent until `gctl up` closes
-    `parent`, or a signal; never returns (os._exit: what `gctl up` set up before the fork,
-    its exit handlers and buffered output, is not this process's). An error before the agent
-    runs goes to `gctl up` through `ready`, which says it as its own."""
+    `parent`, or a signal, saying on `said` when its part is built and the error it ends with;
+    never returns (os._exit: `gctl up`'s exit handlers are not this process's)."""
     code = 1
-    told = False
-
-    def tell(what: bytes) -> bool:
-        """Write `what` to `ready`, once: whether it was written (not if it was before, or
-        `gctl up` is gone)."""
-        nonlocal told
-        if told:
-            return False
-        told = True
-        try:
-            os.write(ready, what)
-        except OSError:
-            return False
-        return True
-
     try:
 
         def build(opened: _Opened) -> Runners:
             runner = _agent_runner(opened, db_url, options)
-            tell(READY)
+            with contextlib.suppress(OSError):  # `gctl up` gone: `parent` stops this one
+                os.write(said, READY)
             return [("agent", runner)]
 
         _run(build, jobs_outlive=True, parent=parent)
@@ -466,7 +484,9 @@ def _agent_process_main(db_url: str | None, options: AgentOptions, ready: int, p
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except errors.GctlError as exc:
-        if not tell(REFUSED + str(exc).encode()):  # it ran: say it here
+        try:
+            os.write(said, ERROR + str(exc).encode())
+        except OSError:  # `gctl up` is gone: say it here
             print(f"error: {exc}", file=sys.stderr)
     except BaseException:
         import traceback

@@ -137,35 +137,33 @@ def test_up_stopped_with_its_whole_process_group_stops_as_when_stopped_alone(
 def test_up_whose_agent_process_ends_stops_and_says_so(gctl: Gctl, tmp_path: Path) -> None:
     """An agent that ends on its own (killed here) is a part of `gctl up` that stopped: `gctl
     up` stops its other parts and exits 1, naming it."""
-    log = tmp_path / "up.log"
-    process = _up(gctl, tmp_path, log)
-    try:
+    with _up_running_a_job(gctl, tmp_path) as (process, _, log):
         agent = _agent_pid(gctl, "n1")
         os.kill(agent, signal.SIGKILL)
         code = process.wait(30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
     said = log.read_text()
     assert code == 1, said
-    assert f"agent stopped: its process (pid {agent}) ended (killed by SIGKILL)" in said
+    ended = f"the node agent's process (pid {agent}) ended (killed by SIGKILL)"
+    assert f"agent stopped: {ended}" in said
     assert "a part stopped: shutting down; running jobs keep running" in said
+    assert said.strip().splitlines()[-1] == f"error: {ended}"
     assert "Traceback" not in said
 
 
-def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
-    """SIGTERM in the first second of `gctl up` (while it opened the database and claimed its
-    Node) killed it without a word. Here the claim waits on a write lock held by another
-    process: the signal comes meanwhile, and once the lock is released `gctl up` starts its
-    parts, stops them, says why and exits 0."""
+@contextlib.contextmanager
+def _up_while_its_claim_waits(
+    tmp_path: Path,
+) -> "Iterator[tuple[subprocess.Popen[bytes], sqlite3.Connection, Path]]":
+    """`gctl up` on a SQLite file whose write lock another connection holds, so that the
+    agent's claim of its Node waits for it: (`gctl up`, that connection, the log). `gctl up`
+    is killed on the way out, whatever the test did."""
     database = tmp_path / "gctl.db"
     env = {**os.environ, "GCTL_DB": str(database)}
     subprocess.run([GCTL_BIN, "db", "upgrade"], env=env, check=True, capture_output=True)
     log = tmp_path / "up.log"
     lock = sqlite3.connect(database, isolation_level=None)
     try:
-        lock.execute("BEGIN IMMEDIATE")  # the agent's claim of its Node waits for this
+        lock.execute("BEGIN IMMEDIATE")
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 [GCTL_BIN, "up", "--fake-gpus", "1", "--node-name", "n1"],
@@ -175,18 +173,27 @@ def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
                 cwd=tmp_path,
             )
         try:
-            wait_for(lambda: "controller on" in log.read_text(), "the controller to be built")
-            process.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
-            assert process.poll() is None, log.read_text()  # not killed by it
-            lock.execute("ROLLBACK")
-            code = process.wait(30)
+            yield process, lock, log
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
     finally:
         lock.close()
+
+
+def test_a_signal_while_up_starts_stops_it_and_is_said(tmp_path: Path) -> None:
+    """SIGTERM in the first second of `gctl up` (while it opened the database and claimed its
+    Node) killed it without a word. Here the claim waits on a write lock held by another
+    process: the signal comes meanwhile, and once the lock is released `gctl up` starts its
+    parts, stops them, says why and exits 0."""
+    with _up_while_its_claim_waits(tmp_path) as (process, lock, log):
+        wait_for(lambda: "controller on" in log.read_text(), "the controller to be built")
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert process.poll() is None, log.read_text()  # not killed by it
+        lock.execute("ROLLBACK")
+        code = process.wait(30)
     said = log.read_text()
     assert code == 0, said
     assert "received SIGTERM: shutting down; running jobs keep running" in said
@@ -392,6 +399,78 @@ def test_an_agent_that_must_watch_another_ones_heartbeat_says_so_and_a_signal_en
     assert code == 0, log.read_text()
     assert took < SHUTDOWN_BOUND_S, f"took {took:.1f}s to stop\n{log.read_text()}"
     assert _instance_pid(gctl) == 4242
+
+
+def test_up_whose_agent_is_refused_after_watching_another_ones_heartbeat_says_why_last(
+    gctl: Gctl, tmp_path: Path
+) -> None:
+    """The agent's part is built while it watches another agent's stale heartbeat (`gctl up`'s
+    parts then run); that heartbeat moves, so the Node is taken, and the agent is refused.
+    `gctl up` stops, exit 1, its last line the agent's own refusal (review: it said only that
+    the agent's process had ended)."""
+    theirs = node.AgentInstance(
+        id="elsewhere", hostname="gpu7", pid=4242, started=meta.utcnow(), heartbeat_seconds=0.5
+    )
+    database = db.Database.open(gctl.db_url)
+    try:
+        with database.write() as session:
+            held = store.Store(session).create(node.Node(metadata=meta.ObjectMeta(name="nb")))
+            held.status.agent_instance = theirs
+            held.status.heartbeat_time = meta.utcnow() - timedelta(hours=1)
+            store.Store(session).update_status(held)
+        log = tmp_path / "up.log"
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                [
+                    *(GCTL_BIN, "up", "--fake-gpus", "1", "--node-name", "nb"),
+                    *("--state-dir", str(tmp_path / "state")),
+                ],
+                stdout=out,
+                stderr=out,
+                env=gctl.env(),
+                cwd=tmp_path,
+            )
+        try:
+            wait_for(lambda: "waiting up to" in log.read_text(), "the agent to watch")
+            with database.write() as session:  # it beats: alive
+                alive_again = store.Store(session).get(node.Node, "nb")
+                alive_again.status.heartbeat_time = meta.utcnow()
+                store.Store(session).update_status(alive_again)
+            code = process.wait(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    finally:
+        database.close()
+    said = log.read_text()
+    assert code == 1, said
+    last = said.strip().splitlines()[-1]
+    assert last.startswith("error: node nb: another agent is running for it, on host gpu7"), said
+    assert said.count("another agent is running") == 2, said  # "agent stopped: ..." and last
+    assert "Traceback" not in said
+
+
+def test_up_whose_agent_dies_before_it_starts_runs_nothing_and_says_so(tmp_path: Path) -> None:
+    """The agent's process killed while its claim waits for the database (a write lock held
+    here): `gctl up` starts none of its parts and exits 1, naming what happened."""
+    with _up_while_its_claim_waits(tmp_path) as (process, _, log):
+        agent = wait_for(lambda: _children(process.pid), "the agent's process")[0]
+        os.kill(agent, signal.SIGKILL)
+        code = process.wait(30)
+    said = log.read_text()
+    assert code == 1, said
+    last = said.strip().splitlines()[-1]
+    assert last == (
+        f"error: the node agent's process (pid {agent}) ended (killed by SIGKILL) before it started"
+    ), said
+    assert "shutting down" not in said  # nothing had started
+    assert "Traceback" not in said
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(child) for child in children.read().split()]
 
 
 STUCK_DAEMONS = """

@@ -1,0 +1,52 @@
+"""`gctl up`'s watch of its agent's process (gctl/cli/daemons.py `_AgentProcess`), on real
+child processes."""
+
+import errno
+import os
+
+import pytest
+
+from gctl.cli import daemons
+from gctl.store import notify
+
+
+def _watched(command: list[str]) -> "daemons._AgentProcess":
+    """A child running `command` (spawned bare: the watch reaps it, as `gctl up` reaps its
+    agent), watched as `gctl up` watches its agent."""
+    pid = os.posix_spawnp(command[0], command, os.environ)
+    said, stop = os.pipe()
+    return daemons._AgentProcess(pid, said, stop)
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_the_agents_end_is_seen_with_or_without_a_pidfd(
+    monkeypatch: pytest.MonkeyPatch, pidfd: bool
+) -> None:
+    """Where pidfd_open is refused (Linux before 5.3, a seccomp profile older than it), the
+    wait looks every STOP_CHECK_S instead (review: it raised, and `gctl up` could not run)."""
+    if not pidfd:
+
+        def refused(_pid: int) -> int:
+            raise OSError(errno.ENOSYS, "Function not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", refused)
+    watched = _watched(["sleep", "0.3"])
+    stop = notify.Stop()
+    assert watched._wait(stop, timeout=0.05) is None  # still running
+    assert watched._wait(stop, timeout=10) == 0
+    stop.set()
+    assert watched._wait(stop) == 0  # reaped once, remembered
+    watched.stop()  # closes its end of `stop`
+    os.close(watched._said)
+
+
+def test_a_stop_ends_the_wait_and_the_agents_own_error_is_its_end() -> None:
+    watched = _watched(["sh", "-c", "exit 3"])
+    stop = notify.Stop()
+    stop.set()
+    assert watched._wait(stop) is None
+    assert watched._wait(notify.Stop(), timeout=10) is not None
+    ended = watched._ended(watched._wait())
+    assert str(ended) == f"the node agent's process (pid {watched.pid}) ended (exit 3)"
+    watched.stop()
+    os.close(watched._said)
