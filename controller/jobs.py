@@ -29,12 +29,18 @@ def reconcile(
     name: str,
     now: datetime,
     backoff_base: timedelta = outcomes.BACKOFF_BASE,
+    *,
+    settled: set[tuple[str, str]] | None = None,
 ) -> datetime | None:
+    """`settled` gets (namespace, name) if the Job is left `at_rest`."""
     j = writer.find(job.Job, name, namespace)
     if j is None:
         return None
     attempts = writer.bindings_of(j.metadata.uid or "")
-    return _reconcile(writer, j, attempts, now, backoff_base, finder=cycles.Finder(writer))
+    due = _reconcile(writer, j, attempts, now, backoff_base, finder=cycles.Finder(writer))
+    if settled is not None and at_rest(j, attempts):
+        settled.add((namespace, name))
+    return due
 
 
 def reconcile_many(
@@ -42,10 +48,12 @@ def reconcile_many(
     keys: list[tuple[str, str]],
     now: datetime,
     backoff_base: timedelta = outcomes.BACKOFF_BASE,
+    *,
+    settled: set[tuple[str, str]] | None = None,
 ) -> dict[tuple[str, str], datetime]:
     """`reconcile` for many Jobs (namespace, name) in one transaction, with their Jobs,
     Bindings and latest events each read in one query for all; returns when each wants to run
-    again (those that do)."""
+    again (those that do). `settled` gets the keys of the Jobs left `at_rest`."""
     found: dict[tuple[str, str], job.Job] = {}
     for namespace in sorted({namespace for namespace, _ in keys}):
         names = sorted(name for ns, name in keys if ns == namespace)
@@ -64,7 +72,24 @@ def reconcile_many(
             when = _reconcile(writer, j, its, now, backoff_base, finder=finder)
             if when is not None:
                 due[key] = when
+            if settled is not None and at_rest(j, its):
+                settled.add(key)
     return due
+
+
+def at_rest(j: job.Job, attempts: list[binding.Binding]) -> bool:
+    """Whether reconciling the Job as it now is, with these attempts, would do nothing and
+    want nothing again: finished, no attempt active, nothing asked of it (a deletion, a
+    re-run) and no TTL to count down. The controller then skips the reconcile that its own
+    write of the Job would wake (`manager.Controller`): one Job reconcile in three of a
+    `true` Job's life, on nothing but its own conclusion."""
+    return (
+        j.status.phase in job.FINISHED_PHASES
+        and j.spec.ttl_seconds_after_finished is None
+        and j.metadata.deletion_timestamp is None
+        and job.rerun_requested(j) is None
+        and not any(a.status.phase in binding.ACTIVE_PHASES for a in attempts)
+    )
 
 
 def _reconcile(

@@ -87,6 +87,8 @@ class Controller:
         # (namespace, name) of a Job -> the pending Jobs that depend on it
         self._dependents: dict[tuple[str, str], set[Key]] = {}
         self._passes: set[int] = set()  # revisions written by this controller's passes
+        # revision -> the Jobs this controller's reconciles wrote at it and left at rest
+        self._settled: dict[int, set[Key]] = {}
         self._tail = scheduling.Tail(clock)  # when its passes last decided the whole queue
         self._queue = pending.Queue()  # the pending Jobs, kept from pass to pass
         self._invalid: dict[Key, str] = {}  # objects set aside -> the version reported
@@ -94,10 +96,12 @@ class Controller:
         # not validate (its status), each a new version, with nothing new to say
         self._said: dict[Key, tuple[int | None, str]] = {}
 
-    def _step(self, writer: store.Store, key: Key, now: datetime) -> datetime | None:
+    def _step(
+        self, writer: store.Store, key: Key, now: datetime, settled: set[tuple[str, str]]
+    ) -> datetime | None:
         kind, namespace, name = key
         if kind == "Job":
-            return jobs.reconcile(writer, namespace, name, now, self.backoff_base)
+            return jobs.reconcile(writer, namespace, name, now, self.backoff_base, settled=settled)
         if kind == "Node":
             return nodes.reconcile(writer, name, now, self.node_timeout, self._seen)
         if kind == "Sweep":
@@ -107,9 +111,11 @@ class Controller:
     def reconcile(self, key: Key) -> None:
         now = self.clock()
         written: list[int | None] = []
+        settled: set[tuple[str, str]] = set()
 
         def work(writer: store.Store) -> datetime | None:
-            due = self._step(writer, key, now)
+            settled.clear()  # of a try that failed
+            due = self._step(writer, key, now, settled)
             written[:] = [writer.written_revision]
             return due
 
@@ -132,11 +138,18 @@ class Controller:
             due = recheck if due is None else min(due, recheck)
         if key == SCHEDULE and written and written[0] is not None:
             self._passes.add(written[0])
+        self._note_settled(written[0] if written else None, settled)
         if key == SCHEDULE:  # a pass sees everything: when the one after it is due replaces
             self._timers = [t for t in self._timers if t[1] != SCHEDULE]  # what earlier said
             heapq.heapify(self._timers)
         if due is not None:
             heapq.heappush(self._timers, (due, key))
+
+    def _note_settled(self, revision: int | None, settled: set[tuple[str, str]]) -> None:
+        """The Jobs a reconcile wrote at `revision` and left at rest: their change wakes no
+        reconcile (`_keys_of`)."""
+        if revision is not None and settled:
+            self._settled[revision] = {("Job", namespace, name) for namespace, name in settled}
 
     def _invalid_met(self, key: Key, exc: errors.StoredInvalid) -> datetime | None:
         """When to try `key` again after it met an object that does not validate: never for
@@ -189,13 +202,18 @@ class Controller:
                 due = nodes.reconcile_many(writer, names, now, self.node_timeout, self._seen)
                 return [(when, ("Node", "", name)) for name, when in due.items()]
             named = [(namespace, name) for _, namespace, name in keys]
-            due_jobs = jobs.reconcile_many(writer, named, now, self.backoff_base)
+            settled.clear()  # of a try that failed
+            due_jobs = jobs.reconcile_many(writer, named, now, self.backoff_base, settled=settled)
+            written[:] = [writer.written_revision]
             return [(when, ("Job", ns, name)) for (ns, name), when in due_jobs.items()]
 
+        settled: set[tuple[str, str]] = set()
+        written: list[int | None] = [None]
         try:
             timers = store.transact(self.db, work, attempts=1)
         except Exception:
             return False
+        self._note_settled(written[0], settled)
         for timer in timers:
             heapq.heappush(self._timers, timer)
         return True
@@ -260,8 +278,13 @@ class Controller:
                 # needs no reconcile and no further pass: it is the pass's own conclusion.
                 continue
             if change.kind == "Job":
-                if change.type != "ADDED" or not jobs.untouched_when_created(change.object):
-                    keys.add(("Job", change.namespace, change.name))
+                key = ("Job", change.namespace, change.name)
+                # Not a Job just created that only waits for the scheduler, nor one that this
+                # controller's reconcile wrote and left at rest: reconciling either does nothing.
+                if (
+                    change.type != "ADDED" or not jobs.untouched_when_created(change.object)
+                ) and key not in self._settled.get(change.revision, ()):
+                    keys.add(key)
                 self._track_dependencies(change.type, change.object)
                 phase = change.object["status"].get("phase", "Pending")
                 if change.type != "MODIFIED" or phase == "Pending":
@@ -288,6 +311,7 @@ class Controller:
                 keys.add(SCHEDULE)
         if changes:  # the feed is in revision order: older passes are behind us
             self._passes = {r for r in self._passes if r > changes[-1].revision}
+            self._settled = {r: k for r, k in self._settled.items() if r > changes[-1].revision}
         return keys
 
     def run(self, stop: threading.Event) -> None:

@@ -201,6 +201,67 @@ def test_a_new_job_the_controller_skips_is_one_reconcile_leaves_untouched(
         assert (name in skipped) == (not wrote and due is None), name
 
 
+def test_a_job_a_reconcile_leaves_at_rest_is_one_the_next_reconcile_leaves_untouched(
+    database: db.Database,
+) -> None:
+    """The controller does not reconcile a Job on its own write of it when `at_rest` says the
+    reconcile that wrote it left it so that reconciling again would write nothing and want no
+    timer: hold it to that, case by case (a Job with a TTL wants its timer; a Job whose
+    attempt is still stopping is not done)."""
+    plain, failed, kept = (make_job(name).build() for name in ("plain", "failed", "kept"))
+    kept.spec.ttl_seconds_after_finished = 60
+    _stored_on_n1(database, 3, plain, failed, kept)
+    _schedule(database)
+    for name, code in (("plain", 0), ("failed", 1), ("kept", 0)):
+        _attempt_ends(database, f"{name}-1", code, stop=None)
+    settled: set[tuple[str, str]] = set()
+    store.transact(
+        database,
+        lambda w: jobs.reconcile_many(
+            w, [("default", n) for n in ("plain", "failed", "kept")], T0, settled=settled
+        ),
+    )
+    assert settled == {("default", "plain"), ("default", "failed")}
+    for name in ("plain", "failed", "kept"):
+        with database.read() as session:
+            before = store.Store(session).current_revision()
+        due = store.transact(database, lambda w, name=name: jobs.reconcile(w, "default", name, T0))
+        with database.read() as session:
+            wrote = store.Store(session).current_revision() != before
+        assert (("default", name) in settled) == (not wrote and due is None), name
+
+
+def test_the_controller_wakes_no_reconcile_for_a_job_it_left_at_rest_but_still_its_dependents(
+    database: db.Database,
+) -> None:
+    """A Job's change at a revision where the controller's own reconcile left it at rest wakes
+    no reconcile of it; the Jobs waiting for it are woken all the same, and a change at any
+    other revision (a user's) wakes its reconcile."""
+    first, after = make_job("first").build(), make_job("after").build()
+    after.spec.depends_on = ["first"]
+    _stored_on_n1(database, 1, first, after)
+    _schedule(database)
+    _attempt_ends(database, "first-1", 0, stop=None)
+    controller = manager.Controller(database, clock=lambda: T0)
+    controller.resync()  # learns that `after` waits for `first`
+    controller.reconcile(("Job", "default", "first"))  # Succeeded: at rest
+    with database.read() as session:
+        changes = store.Store(session).changes_since(0)
+    finished = [c for c in changes if c.kind == "Job" and c.name == "first"][-1:]
+    assert finished[0].object["status"]["phase"] == "Succeeded"
+    keys = controller._keys_of(finished)
+    assert ("Job", "default", "first") not in keys
+    assert {("Job", "default", "after"), manager.SCHEDULE} <= keys
+    with database.write() as session:  # a user's write of it, at a revision of its own
+        writer = store.Store(session)
+        labelled = writer.get(job.Job, "first", "default")
+        labelled.metadata.labels["seen"] = "yes"
+        writer.update(labelled)
+    with database.read() as session:
+        latest = store.Store(session).changes_since(finished[0].revision)
+    assert ("Job", "default", "first") in controller._keys_of(latest)
+
+
 def test_a_controller_that_starts_learns_what_every_job_waits_for(database: db.Database) -> None:
     """Its resync reads every Job's name, phase and dependsOn alone (not whole Jobs): enough to
     wake a pending Job when what it waits for ends, and not troubled by a spec that is no
