@@ -266,10 +266,14 @@ def _pending() -> shared.Query:
 
 @functools.cache
 def _pending_of() -> shared.Query:
-    """Pending Jobs among the uids of the list `among`."""
+    """Pending Jobs among the uids of the list `among`. Their phase is compared as an
+    expression (`phase || ''`), which no index holds: SQLite, which keeps no statistics, took
+    the queue's index on phase for `phase = 'Pending'` and read every pending Job to find the
+    few named (3 ms a pass behind 10,000 of them, `throughput-deep`), rather than look each up
+    by its uid."""
     table = tables.table_of(job.Job.KIND)
     among = table.c.uid.in_(bindparam("among", expanding=True))
-    return shared.query(job.Job, [table.c.phase == "Pending", among], ())
+    return shared.query(job.Job, [table.c.phase + "" == "Pending", among], ())
 
 
 @functools.cache
