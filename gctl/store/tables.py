@@ -130,6 +130,8 @@ class BindingRow(ObjectRow, Base):
         Index("uq_bindings_namespace_name", "namespace", "name", unique=True),
         Index("ix_bindings_node", "node", "phase"),
         Index("ix_bindings_job_uid", "job_uid"),
+        # The active attempts, which every scheduling pass reads, among all kept (0005).
+        Index("ix_bindings_phase", "phase"),
     )
     node: Mapped[str] = mapped_column(String(253))
     job_uid: Mapped[str] = mapped_column(String(36))

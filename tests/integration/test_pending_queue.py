@@ -309,6 +309,21 @@ def test_only_set_aside_jobs_make_a_pass_read_the_queue_anew(
     assert read({}) == 3
 
 
+def _sqlite_plan(tmp_path: Any, query: Any) -> str:
+    """How SQLite runs `query` (its bound values rendered in), on an empty gctl database."""
+    import sqlalchemy
+    from sqlalchemy.dialects import sqlite
+
+    sql = str(query.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+    database = db.Database.open(str(tmp_path / "gctl.db"))
+    try:
+        with database.read() as session:
+            rows = session.execute(sqlalchemy.text(f"EXPLAIN QUERY PLAN {sql}")).all()
+    finally:
+        database.close()
+    return " ".join(str(row[-1]) for row in rows)
+
+
 def test_the_changed_pending_jobs_are_looked_up_by_uid_not_found_among_every_pending_one(
     tmp_path: Any,
 ) -> None:
@@ -316,19 +331,20 @@ def test_the_changed_pending_jobs_are_looked_up_by_uid_not_found_among_every_pen
     keeps no statistics: given `phase = 'Pending'`, it took the queue's index on phase and read
     every pending Job to find the few named (3 ms a pass behind 10,000 of them) as soon as
     they were four or more. What it does is read off its plan."""
-    import sqlalchemy
-    from sqlalchemy.dialects import sqlite
-
     from gctl.store import reading as store_reading
 
     query = store_reading._pending_of().keys.params(among=[f"uid-{i}" for i in range(8)])
-    sql = str(query.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
-    database = db.Database.open(str(tmp_path / "gctl.db"))
-    try:
-        with database.read() as session:
-            rows = session.execute(sqlalchemy.text(f"EXPLAIN QUERY PLAN {sql}")).all()
-            plan = " ".join(str(row[-1]) for row in rows)
-    finally:
-        database.close()
+    plan = _sqlite_plan(tmp_path, query)
     assert "ix_jobs_queue" not in plan, plan
     assert "(uid=?)" in plan, plan
+
+
+def test_a_pass_finds_the_active_attempts_by_their_phase_not_among_every_attempt(
+    tmp_path: Any,
+) -> None:
+    """Attempts are kept as long as their Jobs: a pass that read every one to find the active
+    ones took 20 ms over 100,000 finished attempts (`ix_bindings_phase`, migration 0005)."""
+    from gctl.store import reading as store_reading
+
+    plan = _sqlite_plan(tmp_path, store_reading._active().keys)
+    assert "ix_bindings_phase" in plan, plan
