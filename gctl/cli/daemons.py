@@ -368,13 +368,14 @@ class _AgentProcess:
             watched = [self._said, *[fd for fd in [notify.stop_fd(stop)] if fd is not None]]
             if self._said not in select.select(watched, [], [], STOP_CHECK_S)[0]:
                 continue
-            if os.read(self._said, len(READY)) == READY:
+            said = os.read(self._said, len(READY))
+            if said == READY:
                 self._ready = True
                 break
             status = self._wait()  # it ended: the pipe is at its end, or its error follows
             if status == 0 and stop.wait(SIGNAL_LAG_S):  # stopped with `gctl up`
                 break
-            raise self._ended(status, "before it started")
+            raise self._ended(status, "before it started", said)
         return self._watch
 
     def _watch(self, stop: threading.Event) -> None:
@@ -390,9 +391,10 @@ class _AgentProcess:
             return
         raise self._ended(status)
 
-    def _ended(self, status: int | None, when: str = "") -> errors.GctlError:
-        """The error of an agent that ended on its own: its own if it said one, else how."""
-        error = self._last_words()
+    def _ended(self, status: int | None, when: str = "", head: bytes = b"") -> errors.GctlError:
+        """The error of an agent that ended on its own: its own if it said one (`head`: what
+        of it was read already), else how."""
+        error = self._last_words(head)
         if error is not None:
             return errors.GctlError(error)
         code = 1 if status is None else os.waitstatus_to_exitcode(status)
@@ -406,10 +408,11 @@ class _AgentProcess:
         ended = f"the node agent's process (pid {self.pid}) ended ({how})"
         return errors.GctlError(f"{ended} {when}" if when else ended)
 
-    def _last_words(self) -> str | None:
-        """The error an agent that has ended wrote to `said`, if any."""
+    def _last_words(self, head: bytes = b"") -> str | None:
+        """The error an agent that has ended wrote to `said`, if any (`head`: its first bytes,
+        read already)."""
         os.set_blocking(self._said, False)  # never waits: its writer has ended
-        data = b""
+        data = head
         with contextlib.suppress(OSError):
             while chunk := os.read(self._said, 65536):
                 data += chunk

@@ -12,10 +12,11 @@ from gctl.store import notify
 
 def _watched(command: list[str]) -> "daemons._AgentProcess":
     """A child running `command` (spawned bare: the watch reaps it, as `gctl up` reaps its
-    agent), watched as `gctl up` watches its agent."""
+    agent), watched as `gctl up` watches its agent. Its `said` pipe's write end is what it
+    holds as `stop` (the child writes nothing; a test may, in its place)."""
     pid = os.posix_spawnp(command[0], command, os.environ)
-    said, stop = os.pipe()
-    return daemons._AgentProcess(pid, said, stop)
+    said, said_w = os.pipe()
+    return daemons._AgentProcess(pid, said, said_w)
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
@@ -48,5 +49,18 @@ def test_a_stop_ends_the_wait_and_the_agents_own_error_is_its_end() -> None:
     assert watched._wait(notify.Stop(), timeout=10) is not None
     ended = watched._ended(watched._wait())
     assert str(ended) == f"the node agent's process (pid {watched.pid}) ended (exit 3)"
+    watched.stop()
+    os.close(watched._said)
+
+
+def test_the_error_an_agent_ended_with_is_said_whole() -> None:
+    """Its first byte read apart from the rest (to tell READY from an error) is not lost, nor
+    a message's own first letter taken for the mark that an error follows."""
+    watched = _watched(["true"])
+    assert watched._stop is not None
+    os.write(watched._stop, daemons.ERROR + b"Exited: the node's agent was refused")
+    head = os.read(watched._said, len(daemons.READY))
+    ended = watched._ended(watched._wait(), "before it started", head)
+    assert str(ended) == "Exited: the node's agent was refused"
     watched.stop()
     os.close(watched._said)
