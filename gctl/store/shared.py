@@ -40,14 +40,23 @@ class Query:
     missing: Select[Any]  # those of them among `uids`
 
 
-def query(cls: type[meta.Resource], where: Sequence[Any], order: Sequence[Any]) -> Query:
-    """A shared read of the objects of `cls` that match `where`, in `order`."""
+def query(
+    cls: type[meta.Resource],
+    where: Sequence[Any],
+    order: Sequence[Any],
+    fetched: Sequence[Any] | None = None,
+) -> Query:
+    """A shared read of the objects of `cls` that match `where`, in `order`. `fetched`: the
+    same conditions as the rows looked up by uid check them again (default `where`), written
+    so that no index holds them where SQLite, which keeps no statistics, would otherwise take
+    that index over the uids' (`reading._pending`)."""
     table = tables.table_of(cls.KIND)
-    readable = select(*tables.readable(table)).where(*where)
+    readable = select(*tables.readable(table))
+    by_uid = readable.where(*(where if fetched is None else fetched))
     return Query(
         keys=select(table.c.uid, table.c.resource_version).where(*where).order_by(*order),
-        rows=readable.order_by(*order),
-        missing=readable.where(table.c.uid.in_(bindparam("uids", expanding=True))),
+        rows=readable.where(*where).order_by(*order),
+        missing=by_uid.where(table.c.uid.in_(bindparam("uids", expanding=True))),
     )
 
 

@@ -333,10 +333,17 @@ def test_the_changed_pending_jobs_are_looked_up_by_uid_not_found_among_every_pen
     they were four or more. What it does is read off its plan."""
     from gctl.store import reading as store_reading
 
-    query = store_reading._pending_of().keys.params(among=[f"uid-{i}" for i in range(8)])
-    plan = _sqlite_plan(tmp_path, query)
-    assert "ix_jobs_queue" not in plan, plan
-    assert "(uid=?)" in plan, plan
+    uids = [f"uid-{i}" for i in range(8)]
+    for query in (
+        store_reading._pending_of().keys.params(among=uids),
+        store_reading._pending_of().missing.params(among=uids, uids=uids),
+        # the whole queue's read, for the Jobs it has not decoded before (review)
+        store_reading._pending().missing.params(uids=uids),
+    ):
+        plan = _sqlite_plan(tmp_path, query)
+        assert "ix_jobs_queue" not in plan, plan
+        assert "(uid=?)" in plan, plan
+    assert "ix_jobs_queue" in _sqlite_plan(tmp_path, store_reading._pending().keys)
 
 
 def test_a_pass_finds_the_active_attempts_by_their_phase_not_among_every_attempt(
