@@ -100,14 +100,9 @@ class Transaction:
             new, row, wire = creation(obj, revision, start + timedelta(microseconds=position))
             created.append(new)
             wires.append(wire)
-            rows.setdefault(new.KIND, []).append(_encoded(row))
+            rows.setdefault(new.KIND, []).append(encoded(row))
         for kind, kind_rows in rows.items():
-            columns = list(kind_rows[0])
-            self._conn.executemany(
-                f"INSERT INTO {schema.TABLES[kind]} ({', '.join(columns)}) "
-                f"VALUES ({', '.join(':' + c for c in columns)})",
-                kind_rows,
-            )
+            self._conn.executemany(insert_sql(kind, list(kind_rows[0])), kind_rows)
         self._conn.executemany(
             "INSERT INTO changes (revision, type, kind, namespace, name, uid, object) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -168,11 +163,19 @@ def creation(obj: "T", revision: int, now: datetime) -> "tuple[T, dict[str, Any]
     )
 
 
-def _encoded(row: dict[str, Any]) -> dict[str, Any]:
+def encoded(row: dict[str, Any]) -> dict[str, Any]:
     """A new row's values as SQLAlchemy's JSON and DateTime types store them in SQLite."""
     encoded = {k: _json(v) if k in listing.JSON_COLUMNS else v for k, v in row.items()}
     encoded["created_at"] = _timestamp(row["created_at"])  # deleted_at: None, as created
     return encoded
+
+
+def insert_sql(kind: str, columns: list[str]) -> str:
+    """The INSERT of new rows of `kind`, these columns named as its parameters."""
+    return (
+        f"INSERT INTO {schema.TABLES[kind]} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(':' + c for c in columns)})"
+    )
 
 
 def _json(value: Any) -> str:

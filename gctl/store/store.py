@@ -23,7 +23,7 @@ from sqlalchemy import Insert, Row, Table, Update, bindparam, delete, exc, inser
 from sqlalchemy.orm import Session
 
 from gctl.api import errors, event, meta
-from gctl.store import db, driver, events, pgarrays, reading, revisions, schema, tables
+from gctl.store import bulk, db, driver, events, pgarrays, reading, revisions, schema, tables
 
 T = TypeVar("T", bound=meta.Resource)
 R = TypeVar("R")
@@ -85,22 +85,30 @@ class Store(reading.Reads):
         created: list[T] = []
         wires: list[dict[str, Any]] = []
         by_kind: dict[str, list[dict[str, Any]]] = {}
-        for position, obj in enumerate(objs):
-            moment = start + timedelta(microseconds=position)
-            new, row, wire = driver.creation(obj, revision, moment)
-            created.append(new)
-            wires.append(wire)
-            by_kind.setdefault(obj.KIND, []).append(row)
-        for kind, rows in by_kind.items():
-            table = tables.table_of(kind)
-            try:
-                bulk = functools.partial(pgarrays.insert, self._dialect, table, rows)
-                self.execute_many(_insert(table), rows, bulk)
-            except exc.IntegrityError:
-                names = ", ".join(repr(row["name"]) for row in rows[:3])
-                raise errors.AlreadyExists(f"{kind} {names} already exists") from None
-        self._record("ADDED", wires)
+        with bulk.collector_paused():  # bounded: a third of 10,000 Jobs' creation went there
+            for position, obj in enumerate(objs):
+                moment = start + timedelta(microseconds=position)
+                new, row, wire = driver.creation(obj, revision, moment)
+                created.append(new)
+                wires.append(wire)
+                by_kind.setdefault(obj.KIND, []).append(row)
+            for kind, rows in by_kind.items():
+                try:
+                    self._insert_rows(kind, rows)
+                except exc.IntegrityError:
+                    names = ", ".join(repr(row["name"]) for row in rows[:3])
+                    raise errors.AlreadyExists(f"{kind} {names} already exists") from None
+            self._record("ADDED", wires)
         return created
+
+    def _insert_rows(self, kind: str, rows: list[dict[str, Any]]) -> None:
+        if self._dialect.name == "sqlite":
+            encoded = [driver.encoded(row) for row in rows]
+            self.execute_driver_many(driver.insert_sql(kind, list(encoded[0])), encoded)
+            return
+        table = tables.table_of(kind)
+        bulk_insert = functools.partial(pgarrays.insert, self._dialect, table, rows)
+        self.execute_many(_insert(table), rows, bulk_insert)
 
     def create(self, obj: T) -> T:
         return self.create_many([obj])[0]
