@@ -9,12 +9,12 @@ change feed: a pass asks which Jobs were written since the revision it last read
 or out of each pool's sorted list. So a pass over the head costs what changed, as Kueue's
 heaps of pending workloads do. It is a cache of the database, never a second truth: a
 controller that starts has an empty one; a pass that decides the whole queue reads the queue
-in full and keeps only what it found the same (the very objects the Store's shared read gives
-an unchanged row, `shared`); so do a pass after more than `MAX_CHANGES` Jobs were written, one
-whose set-aside Jobs changed, and one that finds the database behind the revision it read
-last. A hand edit of a row that moves its resource_version (as a running controller needs
-anyway: `shared`), which writes nothing to the feed, is thus seen by the next whole pass
-(every second or few with a Tail).
+in full (the first such pass in `REREAD_EVERY`) and keeps only what it found the same (the very
+objects the Store's shared read gives an unchanged row, `shared`); so do a pass after more than
+`MAX_CHANGES` Jobs were written, one whose set-aside Jobs changed, and one that finds the
+database behind the revision it read last. A hand edit of a row that moves its
+resource_version (as a running controller needs anyway: `shared`), which writes nothing to the
+feed, is thus seen by a whole pass within a second or few (a Tail's pass, every second or few).
 
 What a Job is read as:
 - free: nothing may hold it back as stored (`queue.may_hold`: not suspended, deleted, in
@@ -34,7 +34,7 @@ import bisect
 from collections import ChainMap, Counter
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from controller import depth, placement, reading
 from gctl.api import job, queue
@@ -47,6 +47,11 @@ Request = placement.Request
 # Jobs written since the last pass's read past which a pass reads the whole queue again: as
 # many changes cost about what reading it all does.
 MAX_CHANGES = 2_000
+# How often, at most, passes that decide the whole queue read it in full (`Queue.read`); those
+# between read what changed, as a pass over the head does. Behind 10,000 Jobs a read in full
+# took 20-30 ms of CPU, and while every pass started Jobs a whole pass ran every 120-200 ms
+# (`scheduling.BACKLOG_SHARE`).
+REREAD_EVERY = timedelta(seconds=1)
 # Requests in or out of a pool's list past which it is sorted again rather than edited.
 MAX_EDITS = 64
 
@@ -70,6 +75,7 @@ class Queue:
     def forget(self) -> None:
         """Keep nothing: the next pass reads the whole queue."""
         self.revision: int | None = None  # the revision read last; None: read it all
+        self._read_at: datetime | None = None  # the pass's time of the last read in full
         self._aside: dict[tuple[str, str, str], str] = {}  # the set-aside Jobs it read with
         self._entries: dict[str, _Entry] = {}  # uid -> every pending Job not set aside
         self._others: dict[str, _Entry] = {}  # uid -> those not free
@@ -91,23 +97,32 @@ class Queue:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, reader: store.Store, aside: reading.SetAside, *, whole: bool) -> None:
+    def read(
+        self,
+        reader: store.Store,
+        aside: reading.SetAside,
+        *,
+        whole: bool,
+        now: datetime | None = None,
+    ) -> None:
         """Bring the queue up to date with the database: from the change feed, or reading
-        every pending Job for a pass that decides them all (`whole`), the first, one after
-        too many changes, one whose set-aside Jobs changed, or one that finds the database
-        behind the revision it read last. A failure keeps nothing."""
+        every pending Job for a pass that decides them all (`whole`; with `now`, only if the
+        last such read is `REREAD_EVERY` old), the first, one after too many changes, one whose
+        set-aside Jobs changed, or one that finds the database behind the revision it read
+        last. A failure keeps nothing."""
         try:
             revision = reader.current_revision()
             changed = None
             last = self.revision
             # behind the last read: another database, or one restored from a backup
             current = last is not None and last <= revision and _jobs_of(aside) == self._aside
-            if not whole and last is not None and current:
+            if not self._in_full(whole, now) and last is not None and current:
                 changed = reader.changed_uids(job.Job.KIND, last, MAX_CHANGES)
             if changed is None:
                 if len(self._entries) > shared.MAX_KEPT:  # new objects all: hold one copy
                     self.forget()
                 self._read_all(reader.pending_wires(), aside)
+                self._read_at = now
             else:
                 found = {w["metadata"]["uid"]: w for w in reader.pending_wires_of(changed)}
                 for uid in changed:
@@ -117,6 +132,12 @@ class Queue:
         except BaseException:
             self.forget()
             raise
+
+    def _in_full(self, whole: bool, now: datetime | None) -> bool:
+        if not whole:
+            return False
+        last = self._read_at
+        return now is None or last is None or not last <= now < last + REREAD_EVERY
 
     def _read_all(self, pending: list[Wire], aside: reading.SetAside) -> None:
         seen = set()

@@ -247,7 +247,7 @@ def _plan(
 ) -> _Planned:
     head = tail.head() if tail is not None else None
     waiting = kept if kept is not None else pending.Queue()
-    waiting.read(reader, aside, whole=head is None)
+    waiting.read(reader, aside, whole=head is None, now=now)
     telling.TOLD.begin(len(waiting), whole=head is None)
     try:
         others, held = waiting.hold_back(reader, now)

@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pytest
+import sqlalchemy
 
 from controller import pending, placement, reading, scheduling, telling
 from gctl.api import job, meta, pool, profile
-from gctl.store import db, shared, store
+from gctl.store import db, shared, store, tables
 from tests.builders import make_job, put_ready_node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -279,13 +280,8 @@ def test_a_job_made_anew_under_its_name_is_scheduled(database: db.Database, whol
         assert store.Store(session).get(job.Job, "x", "default").status.phase == "Scheduled"
 
 
-def test_only_set_aside_jobs_make_a_pass_read_the_queue_anew(
-    database: db.Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A Node that does not validate is set aside in a new version at every heartbeat: that
-    must not make every pass read the whole queue; a Job set aside (or taken back) must."""
-    with database.write() as session:
-        store.Store(session).create(make_job("a").build())
+def _whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each read of the whole queue (`Store.pending_wires`)."""
     reads: list[int] = []
     whole = store.Store.pending_wires
 
@@ -294,6 +290,17 @@ def test_only_set_aside_jobs_make_a_pass_read_the_queue_anew(
         return whole(reader)
 
     monkeypatch.setattr(store.Store, "pending_wires", counted)
+    return reads
+
+
+def test_only_set_aside_jobs_make_a_pass_read_the_queue_anew(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Node that does not validate is set aside in a new version at every heartbeat: that
+    must not make every pass read the whole queue; a Job set aside (or taken back) must."""
+    with database.write() as session:
+        store.Store(session).create(make_job("a").build())
+    reads = _whole_reads(monkeypatch)
     kept = pending.Queue()
 
     def read(versions: dict[tuple[str, str, str], str]) -> int:
@@ -307,6 +314,47 @@ def test_only_set_aside_jobs_make_a_pass_read_the_queue_anew(
     assert read({("Node", "", "n1"): "8", ("Job", "default", "b"): "3"}) == 2
     assert read({("Node", "", "n1"): "9", ("Job", "default", "b"): "3"}) == 2
     assert read({}) == 3
+
+
+def test_whole_passes_read_the_queue_in_full_once_a_second_and_so_see_a_hand_edit(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that decides the whole queue reads it in full only if the last read in full is
+    `REREAD_EVERY` old (or the clock went back); between, from the feed, as a head pass does.
+    What only a read in full sees (a hand edit of a row, which writes no change) is seen by the
+    first whole pass `REREAD_EVERY` after the last read in full."""
+    with database.write() as session:
+        store.Store(session).create(make_job("a").build())
+    reads = _whole_reads(monkeypatch)
+    kept = pending.Queue()
+
+    def read(after: float, *, whole: bool = True) -> int:
+        """The priority the kept queue has for Job a, after a read at T0 + `after` seconds."""
+        with database.read() as session:
+            kept.read(store.Store(session), reading.SetAside(), whole=whole, now=at(after))
+        return int(kept.by_key[("default", "a")]["spec"].get("priority", 0))
+
+    def at(seconds: float) -> datetime:
+        return T0 + timedelta(seconds=seconds)
+
+    every = pending.REREAD_EVERY.total_seconds()
+    assert (read(0), len(reads)) == (0, 1)
+    table = tables.table_of(job.Job.KIND)
+    with database.engine.begin() as connection:  # a hand edit: a new version, no change
+        spec = {"command": "true", "resources": {"gpus": 1}, "priority": 5}
+        connection.execute(
+            sqlalchemy.update(table).values(
+                spec=spec, resource_version=table.c.resource_version + 1
+            )
+        )
+    assert (read(every / 2), len(reads)) == (0, 1)
+    assert (read(every, whole=False), len(reads)) == (0, 1)  # a head pass: from the feed
+    assert (read(every), len(reads)) == (5, 2)
+    assert (read(every * 1.5), len(reads)) == (5, 2)
+    assert (read(every / 2), len(reads)) == (5, 3)  # the clock went back
+    with database.read() as session:  # without a time: in full, as the tests' reads are
+        kept.read(store.Store(session), reading.SetAside(), whole=True)
+    assert len(reads) == 4
 
 
 def _sqlite_plan(tmp_path: Any, query: Any) -> str:
