@@ -307,18 +307,22 @@ def _recent_run_times(reader: store.Store) -> dict[str, timedelta]:
     return found
 
 
+# Through `ix_jobs_phase_created` (migration 0006): the latest, not every success sorted.
+_JOBS = tables.table_of(job.Job.KIND)
+_LATEST_SUCCESSES = (
+    select(_JOBS.c.spec, _JOBS.c.status)
+    .where(_JOBS.c.phase == "Succeeded")
+    .order_by(_JOBS.c.created_at.desc())
+    .limit(HISTORY)
+)
+
+
 def _run_times(reader: store.Store) -> dict[str, timedelta]:
     """The median run time of each command among the latest successful Jobs (a bounded read).
 
     The one query of this module that is not a Store operation: it belongs in the Store as a
     named one once the Store grows it."""
-    table = tables.table_of(job.Job.KIND)
-    rows = reader.session.execute(
-        select(table.c.spec, table.c.status)
-        .where(table.c.phase == "Succeeded")
-        .order_by(table.c.created_at.desc())
-        .limit(HISTORY)
-    ).all()
+    rows = reader.session.execute(_LATEST_SUCCESSES).all()
     runs: dict[str, list[float]] = {}
     for raw_spec, raw_status in rows:
         spec, status = _document(raw_spec), _document(raw_status)

@@ -43,7 +43,7 @@ PRAGMAS = (
 
 # The schema whose rows `Transaction.create_many` writes. A migration that changes it sends
 # every write to the Store until this module is brought up to date (a test says so).
-WRITES_SCHEMA = "0005"
+WRITES_SCHEMA = "0006"
 
 
 def tune(conn: Any) -> None:

@@ -4,7 +4,7 @@ columns copied out of spec and status."""
 from typing import Any
 
 # The newest migration; the Store upgrades a database whose alembic_version differs.
-HEAD = "0005"
+HEAD = "0006"
 
 TABLES: dict[str, str] = {
     "Job": "jobs",

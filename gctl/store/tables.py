@@ -93,6 +93,8 @@ class JobRow(ObjectRow, Base):
         Index("uq_jobs_namespace_name", "namespace", "name", unique=True),
         # The scheduler's queue: pending jobs by priority, then age.
         Index("ix_jobs_queue", "phase", "priority", "created_at"),
+        # The latest successes, whose run times estimate the queue's start times (0006).
+        Index("ix_jobs_phase_created", "phase", "created_at"),
     )
     phase: Mapped[str] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer)

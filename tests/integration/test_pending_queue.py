@@ -403,3 +403,14 @@ def test_a_pass_finds_the_active_attempts_by_their_phase_not_among_every_attempt
 
     plan = _sqlite_plan(tmp_path, store_reading._active().keys)
     assert "ix_bindings_phase" in plan, plan
+
+
+def test_the_run_time_history_reads_the_latest_successes_through_an_index(
+    tmp_path: Any,
+) -> None:
+    """Every 10 s a pass reads the latest 200 successful Jobs to estimate start times: through
+    the queue's index (phase, priority, created_at) SQLite read and sorted every successful Job
+    kept, 117 ms over 100,000 (`ix_jobs_phase_created`, migration 0006)."""
+    plan = _sqlite_plan(tmp_path, reading._LATEST_SUCCESSES)
+    assert "ix_jobs_phase_created" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
