@@ -195,6 +195,9 @@ STOP_CHECK_S = 0.5  # how often a wait that cannot sleep on the stop itself look
 # built, and the error it ended with (the message follows).
 READY, ERROR = b"\1", b"E"
 SIGNAL_LAG_S = 1.0  # how long a signal to `gctl up` may come after the same one to its agent
+# The agent process's exit code when a signal stopped it, plus the signal's number, as a
+# shell's: `gctl up` says which (`_AgentProcess`), the agent says nothing of it itself.
+SIGNALLED = 128
 
 
 class _Opened:
@@ -230,10 +233,10 @@ class _Opened:
 Build = Callable[[_Opened], Runners]
 
 
-def _built(build: Build, stop: threading.Event) -> Runners:
+def _built(build: Build, stop: threading.Event, what: str) -> Runners:
     """The parts, built once the database answers: a host that boots before its database
-    server, or a server restarting, is waited for (said once a minute), not an exit. A stop
-    meanwhile builds nothing: the parts are none."""
+    server, or a server restarting, is waited for (said once a minute, as `what` failing),
+    not an exit. A stop meanwhile builds nothing: the parts are none."""
     from gctl.api import failures
 
     said = failures.FailureLog(logging.getLogger("gctl"))
@@ -245,25 +248,27 @@ def _built(build: Build, stop: threading.Event) -> Runners:
             opened.close()
             if not isinstance(exc, errors.Unavailable):
                 raise
-            said.failed("starting", exc)
+            said.failed(what, exc)
             stop.wait(START_RETRY_S)
     return []
 
 
-def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None) -> None:
+def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None) -> str | None:
     """Build the parts and run them in threads until a signal, or until one of them fails;
-    then stop them all. `jobs_outlive`: an agent is among them, whose jobs go on running
-    without it. The signals are handled from the start: one that comes while the parts are
-    built (opening the database, claiming the Node: seconds where the database is busy) stops
-    them as they start, and is said, rather than killing the process silently. `parent`: the
-    read end of a pipe whose end (`gctl up` stopping, or gone) stops them too; SIGINT is then
-    ignored, and `gctl up` says why they stopped, and the error they stopped with."""
+    then stop them all; returns the name of the signal that stopped them, if one did.
+    `jobs_outlive`: an agent is among them, whose jobs go on running without it. The signals
+    are handled from the start: one that comes while the parts are built (opening the
+    database, claiming the Node: seconds where the database is busy) stops them as they
+    start, and is said, rather than killing the process silently. `parent`: the read end of a
+    pipe whose end (`gctl up` stopping, or gone) stops them too; SIGINT is then ignored, and
+    `gctl up` says why they stopped (a signal too), and the error they stopped with."""
     stop, received = _stop_on_signals(interrupts=parent is None)
     if parent is not None:
         threading.Thread(
             target=_stop_at_end, args=(parent, stop), name="parent", daemon=True
         ).start()
-    runners = _built(build, stop)
+    # `gctl up` says its own start's failures: its agent's name the agent.
+    runners = _built(build, stop, "starting" if parent is None else "starting the node agent")
     # A thread back from a database call waits for the GIL until the busy one yields it, up
     # to the switch interval (5 ms by default); every hand-off between the controller, the
     # agent and their feeds pays that several times. Yield sooner.
@@ -289,7 +294,7 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
         pass
     why = f"received {received[0]}" if received else "a part stopped"
     outlive = "; running jobs keep running" if jobs_outlive else ""
-    if parent is None or received:  # else `gctl up` says why
+    if parent is None:  # else `gctl up` says why
         logging.getLogger("gctl").info("%s: shutting down%s", why, outlive)
     deadline = time.monotonic() + STOP_GRACE_S
     for thread in threads:
@@ -311,6 +316,7 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
         raise failures[0]
     if failures:
         raise SystemExit(1)
+    return received[0] if received else None
 
 
 def _stop_at_end(fd: int, stop: threading.Event) -> None:
@@ -373,7 +379,7 @@ class _AgentProcess:
                 self._ready = True
                 break
             status = self._wait()  # it ended: the pipe is at its end, or its error follows
-            if status == 0 and stop.wait(SIGNAL_LAG_S):  # stopped with `gctl up`
+            if _stopped(status) and stop.wait(SIGNAL_LAG_S):  # stopped with `gctl up`
                 break
             raise self._ended(status, "before it started", said)
         return self._watch
@@ -383,8 +389,9 @@ class _AgentProcess:
         STOP_GRACE_S at most) or the agent's end (an error: a part of `gctl up` stopped)."""
         status = self._wait(stop)
         # A signal to the whole group (systemd's stop) stops the agent too, and it may end
-        # first: a clean end is an error only if `gctl up` was not being stopped as well.
-        if status is None or (status == 0 and stop.wait(SIGNAL_LAG_S)):
+        # first: a clean end, or one on a signal, is an error only if `gctl up` was not being
+        # stopped as well.
+        if status is None or (_stopped(status) and stop.wait(SIGNAL_LAG_S)):
             self.stop()
             if self._status is not None and (error := self._last_words()) is not None:
                 raise errors.GctlError(error)  # while it stopped
@@ -398,7 +405,9 @@ class _AgentProcess:
         if error is not None:
             return errors.GctlError(error)
         code = 1 if status is None else os.waitstatus_to_exitcode(status)
-        if code >= 0:
+        if (on := _signal_of(code)) is not None:
+            how = f"stopped on {on}"
+        elif code >= 0:
             how = f"exit {code}"
         else:
             try:
@@ -458,6 +467,25 @@ class _AgentProcess:
                 os.close(pidfd)
 
 
+def _signal_of(code: int) -> str | None:
+    """The signal that stopped the agent process, from its exit code (`SIGNALLED`); None if
+    none did."""
+    if code <= SIGNALLED:
+        return None
+    try:
+        return signal.Signals(code - SIGNALLED).name
+    except ValueError:
+        return None
+
+
+def _stopped(status: int | None) -> bool:
+    """Whether the agent process ended as a stop does: cleanly, or on a signal it handles."""
+    if status is None:
+        return False
+    code = os.waitstatus_to_exitcode(status)
+    return code == 0 or _signal_of(code) is not None
+
+
 def _pidfd(pid: int) -> int | None:
     """A descriptor readable once process `pid` ends; None where the system gives none (Linux
     before 5.3, or a seccomp profile older than pidfd_open: waits then poll)."""
@@ -482,8 +510,8 @@ def _agent_process_main(db_url: str | None, options: AgentOptions, said: int, pa
                 os.write(said, READY)
             return [("agent", runner)]
 
-        _run(build, jobs_outlive=True, parent=parent)
-        code = 0
+        received = _run(build, jobs_outlive=True, parent=parent)
+        code = 0 if received is None else SIGNALLED + signal.Signals[received].value
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except errors.GctlError as exc:

@@ -92,6 +92,17 @@ def _parent_of(pid: int) -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
+@contextlib.contextmanager
+def _reaped(process: "subprocess.Popen[bytes]") -> Iterator[None]:
+    """Kill `process` on the way out, if the block left it running."""
+    try:
+        yield
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
 def _agent_pid(gctl: Gctl, node_name: str) -> int:
     """The pid of the agent heartbeating for `node_name`, once it has claimed its Node."""
     found: int = wait_for(lambda: _instance_pid(gctl, node_name), "the agent to claim its Node")
@@ -128,25 +139,64 @@ def test_up_stopped_with_its_whole_process_group_stops_as_when_stopped_alone(
         code = process.wait(30)
         said = log.read_text()
         assert code == 0, said
+        assert said.count("received SIGTERM") == 1, said  # `gctl up`'s, not its agent's too
         assert "received SIGTERM: shutting down; running jobs keep running" in said
         assert "agent stopped" not in said
         assert not alive(agent)
         assert alive(pid)
 
 
-def test_up_whose_agent_process_ends_stops_and_says_so(gctl: Gctl, tmp_path: Path) -> None:
-    """An agent that ends on its own (killed here) is a part of `gctl up` that stopped: `gctl
-    up` stops its other parts and exits 1, naming it."""
-    with _up_running_a_job(gctl, tmp_path) as (process, _, log):
+@pytest.mark.parametrize(
+    ("sig", "how"),
+    [(signal.SIGKILL, "killed by SIGKILL"), (signal.SIGTERM, "stopped on SIGTERM")],
+    ids=["SIGKILL", "SIGTERM"],
+)
+def test_up_whose_agent_process_ends_stops_and_says_so(
+    gctl: Gctl, tmp_path: Path, sig: signal.Signals, how: str
+) -> None:
+    """An agent that ends on its own (killed, or a signal to it alone) is a part of `gctl up`
+    that stopped: `gctl up` stops its other parts and exits 1, naming it, and its job runs on.
+    The agent says nothing of a signal itself: one to the whole group would be said twice."""
+    with _up_running_a_job(gctl, tmp_path) as (process, pid, log):
         agent = _agent_pid(gctl, "n1")
-        os.kill(agent, signal.SIGKILL)
+        os.kill(agent, sig)
         code = process.wait(30)
+        assert alive(pid)
     said = log.read_text()
     assert code == 1, said
-    ended = f"the node agent's process (pid {agent}) ended (killed by SIGKILL)"
+    ended = f"the node agent's process (pid {agent}) ended ({how})"
     assert f"agent stopped: {ended}" in said
     assert "a part stopped: shutting down; running jobs keep running" in said
     assert said.strip().splitlines()[-1] == f"error: {ended}"
+    assert "received" not in said
+    assert "Traceback" not in said
+
+
+def test_up_waiting_for_its_database_says_which_part_waits(tmp_path: Path) -> None:
+    """A database server not up yet: `gctl up` and its agent each try again, and say so, the
+    agent's line naming it (they were two identical lines); a signal then stops both, exit 0."""
+    log = tmp_path / "up.log"
+    url = "postgresql://postgres@127.0.0.1:1/gctl"  # nothing listens there
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [
+                *(GCTL_BIN, "up", "--db", url, "--fake-gpus", "1", "--node-name", "n1"),
+                *("--state-dir", str(tmp_path / "state")),
+            ],
+            stdout=out,
+            stderr=out,
+        )
+
+    def both_tried() -> bool:
+        said = log.read_text()
+        return "starting failed; retrying" in said and "node agent failed; retrying" in said
+
+    with _reaped(process):
+        wait_for(both_tried, "both parts' first try")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, log.read_text()
+    said = log.read_text()
+    assert said.count("failed; retrying") == 2, said
     assert "Traceback" not in said
 
 
@@ -213,16 +263,14 @@ def test_a_controller_waits_for_its_database_to_come(pg_template: str, tmp_path:
             stderr=out,
         )
     try:
-        wait_for(lambda: "starting failed; retrying" in log.read_text(), "the first try")
-        assert process.poll() is None, log.read_text()
-        _admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-        wait_for(lambda: "controller on" in log.read_text(), "the controller to start")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 0, log.read_text()
+        with _reaped(process):
+            wait_for(lambda: "starting failed; retrying" in log.read_text(), "the first try")
+            assert process.poll() is None, log.read_text()
+            _admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+            wait_for(lambda: "controller on" in log.read_text(), "the controller to start")
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0, log.read_text()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
         _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     said = log.read_text()
     assert f'database "{name}" does not exist' in said
