@@ -233,7 +233,7 @@ class _Opened:
 Build = Callable[[_Opened], Runners]
 
 
-def _built(build: Build, stop: threading.Event, what: str) -> Runners:
+def _built(build: Build, stop: threading.Event, what: str = "starting") -> Runners:
     """The parts, built once the database answers: a host that boots before its database
     server, or a server restarting, is waited for (said once a minute, as `what` failing),
     not an exit. A stop meanwhile builds nothing: the parts are none."""
