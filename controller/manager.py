@@ -23,7 +23,7 @@ from typing import Any
 
 from controller import jobs, nodes, outcomes, pending, reading, scheduling, sweeps
 from gctl.api import binding, errors, failures, job, kinds, meta, node, sweep
-from gctl.store import db, events, feed, store
+from gctl.store import db, events, feed, shared, store
 
 log = logging.getLogger("gctl.controller")
 SOURCE = "controller"
@@ -273,6 +273,8 @@ class Controller:
         profiles; not for a Job that started or an attempt reported Running."""
         keys: set[Key] = set()
         for change in changes:
+            if change.type != "DELETED":  # the next pass's shared reads need not decode it
+                shared.note(change.uid, change.revision, change.object)
             if change.revision in self._passes:
                 # What a scheduling pass wrote (bindings, Jobs bound or told why they wait)
                 # needs no reconcile and no further pass: it is the pass's own conclusion.

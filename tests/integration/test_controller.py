@@ -262,6 +262,23 @@ def test_the_controller_wakes_no_reconcile_for_a_job_it_left_at_rest_but_still_i
     assert ("Job", "default", "first") in controller._keys_of(latest)
 
 
+def test_the_jobs_a_controller_was_told_of_are_not_decoded_again_by_its_next_pass(
+    database: db.Database,
+) -> None:
+    """The feed's changes carry each written row's document, decoded as the controller reads
+    them: its next pass's shared reads take those (`shared.note`) rather than decoding the same
+    rows again (10,000 Jobs applied at once: 130 ms of that pass)."""
+    with database.write() as session:
+        store.Store(session).create_many([make_job(f"j{i}").build() for i in range(3)])
+    with database.read() as session:
+        changes = store.Store(session).changes_since(0)
+    controller = manager.Controller(database, clock=lambda: T0)
+    controller._keys_of(changes)
+    with database.read() as session:
+        pending = store.Store(session).pending_wires()
+    assert [id(w) for w in pending] == [id(c.object) for c in changes]
+
+
 def test_a_controller_that_starts_learns_what_every_job_waits_for(database: db.Database) -> None:
     """Its resync reads every Job's name, phase and dependsOn alone (not whole Jobs): enough to
     wake a pending Job when what it waits for ends, and not troubled by a spec that is no

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from gctl.api import errors, event, job, meta, pool, queue
-from gctl.store import db, driver, feed, locations, store
+from gctl.api import errors, event, job, kinds, meta, pool, queue
+from gctl.store import db, driver, feed, locations, shared, store
 from tests.builders import make_job
 
 
@@ -494,6 +494,98 @@ def test_shared_reads_follow_every_version_and_leave_out_what_stopped_matching(
     ]
     assert again[1] is not first[1]  # a new version: validated again
     assert unchanged[0]["status"]["phase"] == "Scheduled"
+
+
+def test_each_change_carries_the_document_its_row_holds_at_that_version(
+    database: db.Database,
+) -> None:
+    """A controller keeps each change's object as its row's wire at that revision
+    (`shared.note`), decoding nothing again: every kind of write must put the same document in
+    the feed as in the row (metadata, spec, status; a deletion's timestamp too)."""
+    a, b = _create(database, make_job("a").label("app", "x").build(), make_job("b").build())
+    a.spec.priority = 3
+    b.status.phase = "Scheduled"
+    writes = [
+        lambda w: w.update(a),
+        lambda w: w.update_status(b),
+        lambda w: w.write_back([w.get(job.Job, "a")]),
+        lambda w: w.update_many([w.get(job.Job, "b")]),
+        lambda w: w.record_events([store.Occurrence(w.get(job.Job, "a"), "Seen", "once")]),
+        lambda w: w.update(_finalized(w.get(job.Job, "a"))),
+        lambda w: w.delete(job.Job, "a"),  # held by its finalizer: deletionTimestamp set
+        lambda w: _twice(w, "b"),
+    ]
+    seen: dict[str, store.Change] = {}  # each object's latest change
+    for write in writes:
+        with database.write() as session:
+            writer = store.Store(session)
+            since = writer.current_revision()
+            write(writer)
+        with database.read() as session:
+            reader = store.Store(session)
+            changes = reader.changes_since(since)
+            assert changes
+            last = {change.uid: change for change in changes}  # each object's
+            for change in last.values():
+                (row,) = reader.shared_wires(
+                    kinds.model(change.kind), change.namespace, [change.name]
+                )
+                assert change.object == row
+                assert change.object["metadata"]["resourceVersion"] == str(change.revision)
+            seen |= last
+    assert seen[a.metadata.uid or ""].object["metadata"]["deletionTimestamp"]
+
+
+def _twice(writer: store.Store, name: str) -> None:
+    """Two writes of one Job in one transaction: two changes at one revision."""
+    first = writer.get(job.Job, name)
+    first.status.message = "first"
+    second = writer.update_status(first)
+    second.status.message = "second"
+    writer.update_status(second)
+
+
+def _finalized(j: job.Job) -> job.Job:
+    j.metadata.finalizers = ["example.com/hold"]
+    return j
+
+
+def test_a_row_noted_from_the_feed_is_not_decoded_again_and_no_older_note_stands(
+    database: db.Database,
+) -> None:
+    """`shared.note`: a shared read of the noted version returns the noted document itself; an
+    older version noted after a newer one changes nothing; a newer row is decoded."""
+    (a,) = _create(database, make_job("a").build())
+    with database.read() as session:
+        (first,) = store.Store(session).changes_since(0)
+    shared.note(first.uid, first.revision, first.object)
+    with database.read() as session:
+        (read,) = store.Store(session).pending_wires()
+    assert read is first.object
+    a.spec.priority = 2
+    with database.write() as session:
+        store.Store(session).update(a)
+    with database.read() as session:
+        reader = store.Store(session)
+        (second,) = reader.changes_since(first.revision)
+        (newer,) = reader.pending_wires()
+    assert newer is not first.object
+    assert newer == second.object
+    shared.note(first.uid, first.revision, first.object)  # late: the newer one stands
+    with database.read() as session:
+        (again,) = store.Store(session).pending_wires()
+    assert again is newer
+    with database.write() as session:  # two changes at one revision: the later is the row's
+        _twice(store.Store(session), "a")
+    with database.read() as session:
+        reader = store.Store(session)
+        earlier, later = reader.changes_since(second.revision)
+        assert earlier.revision == later.revision
+        for change in (earlier, later):
+            shared.note(change.uid, change.revision, change.object)
+        (twice,) = reader.pending_wires()
+    assert twice is later.object
+    assert twice["status"]["message"] == "second"
 
 
 def test_change_feed_is_ordered_resumable_and_keeps_deletions(database: db.Database) -> None:
