@@ -78,6 +78,7 @@ class State:
 class Runtime:
     def __init__(self, state_dir: Path) -> None:
         self.attempts_dir = state_dir / "attempts"
+        self._attempts = str(self.attempts_dir)
         self.logs_dir = state_dir / "logs"
         self.attempts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -119,21 +120,24 @@ class Runtime:
         return sorted(p.name for p in self.attempts_dir.iterdir() if p.is_dir())
 
     def state(self, uid: str) -> State:
-        directory = self.attempts_dir / uid
-        if not (directory / supervisor.SPEC).exists():
+        # Paths as strings: the agent asks every attempt's state at every pass, and pathlib's
+        # joins took a third of it.
+        directory = os.path.join(self._attempts, uid)
+        if not os.path.exists(os.path.join(directory, supervisor.SPEC)):
             return State("absent")
         # Liveness first, then the records: a supervisor writes its exit record before it lets
         # go of its lock, so one whose lock is free has written whatever it ever will (read the
         # other way round, an attempt that ends between the two reads would look lost). A free
         # lock is "not alive" below even while the process finishes after its exit record.
         alive = _supervisor_alive(directory)
-        exit_record = supervisor.read_json(directory / supervisor.EXIT)
-        pid_record = supervisor.read_json(directory / supervisor.PID)
+        exit_record = supervisor.read_json(os.path.join(directory, supervisor.EXIT))
+        pid_record = supervisor.read_json(os.path.join(directory, supervisor.PID))
         pid = int(pid_record["pid"]) if pid_record else None
         started = float(pid_record["started"]) if pid_record else None
         if exit_record is not None:
             stopped = bool(exit_record.get("stopped"))
-            request = (supervisor.read_json(directory / supervisor.STOP) or {}) if stopped else {}
+            stop = os.path.join(directory, supervisor.STOP)
+            request = (supervisor.read_json(stop) or {}) if stopped else {}
             return State(
                 "exited",
                 pid=pid,
@@ -148,20 +152,20 @@ class Runtime:
                 finished=_seconds(exit_record.get("finished")),
             )
         if alive:
-            if pid_record is None and (directory / supervisor.ARMED).exists():
+            if pid_record is None and os.path.exists(os.path.join(directory, supervisor.ARMED)):
                 return State("armed")
-            if pid_record is None and (directory / supervisor.DISARMED).exists():
+            if pid_record is None and os.path.exists(os.path.join(directory, supervisor.DISARMED)):
                 return State("disarming")  # taken back; its supervisor has yet to end
             return State("running", pid=pid, started=started)
         if pid_record is None and any(
-            (directory / marker).exists()
+            os.path.exists(os.path.join(directory, marker))
             for marker in (supervisor.ARMED, supervisor.DISARMED, supervisor.CANCELLED)
         ):
             # An armed supervisor that died waiting, was taken back, or gave up because one
             # before it ended without an exit record: the job never started, and may be
             # launched again.
             return State("absent")
-        if pid_record is None and not (directory / supervisor.LAUNCHED).exists():
+        if pid_record is None and not os.path.exists(os.path.join(directory, supervisor.LAUNCHED)):
             # Never launched (the agent died before), or the supervisor died before its first
             # write: the job did not start either way.
             return State("absent")
@@ -170,7 +174,7 @@ class Runtime:
                 "exited",
                 exit_code=127,
                 reason="StartError",
-                message=_tail(directory / "supervisor.err")
+                message=_tail(Path(directory, "supervisor.err"))
                 or "the supervisor died before starting the job",
             )
         return State(
@@ -417,9 +421,9 @@ def _tail(path: Path, limit: int = 300) -> str:
         return ""
 
 
-def _supervisor_alive(directory: Path) -> bool:
+def _supervisor_alive(directory: str | Path) -> bool:
     try:
-        fd = os.open(directory / LOCK, os.O_RDWR)
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR)
     except FileNotFoundError:
         return False
     try:

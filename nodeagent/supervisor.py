@@ -260,9 +260,10 @@ class _Stopper:
             signal.setitimer(signal.ITIMER_REAL, max(grace, 0.001))
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: str | Path) -> dict[str, Any] | None:
     try:
-        document: dict[str, Any] = json.loads(path.read_bytes())
+        with open(path, "rb") as file:
+            document: dict[str, Any] = json.loads(file.read())
     except (OSError, ValueError):
         return None
     return document
