@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from bench.store import BenchError, Context, Result, gctl_command, progress, run_gctl
 from bench.trace import percentile
@@ -511,30 +512,46 @@ BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {
 
 def profile_threads(argv: Sequence[str]) -> None:
     """`python -m bench.jobs OUT_DIR ARGS...`: `gctl ARGS`, each thread under its own cProfile,
-    written to OUT_DIR/THREAD.prof when the command ends (`gctl up`: on SIGTERM or SIGINT)."""
+    written to OUT_DIR/THREAD.prof when the command ends (`gctl up`: on SIGTERM or SIGINT); the
+    threads of `gctl up`'s agent process (forked, and ended by os._exit) to
+    OUT_DIR/agent-THREAD.prof when it ends."""
     import cProfile
 
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    profiles: list[tuple[str, cProfile.Profile]] = []
+    profiles: list[tuple[int, str, cProfile.Profile]] = []
     original = threading.Thread.run
+    parent = os.getpid()
 
     clock = time.thread_time if os.environ.get(PROFILE_CLOCK_ENV) == "cpu" else time.perf_counter
 
     def run(self: threading.Thread) -> None:
         profile = cProfile.Profile(clock)
-        profiles.append((self.name, profile))
+        profiles.append((os.getpid(), self.name, profile))
         profile.runcall(original, self)
 
+    def dump() -> None:
+        me = os.getpid()
+        prefix = "" if me == parent else "agent-"
+        for index, (pid, name, profile) in enumerate(profiles):
+            if pid == me:  # a forked child holds a copy of its parent's list
+                profile.dump_stats(out / f"{prefix}{index:02d}-{name}.prof")
+
+    exit_now = os._exit
+
+    def dumped_exit(status: int) -> NoReturn:
+        dump()
+        exit_now(status)
+
     threading.Thread.run = run  # type: ignore[method-assign]
+    os._exit = dumped_exit
     from gctl.cli import main as cli
 
     sys.argv = ["gctl", *argv[1:]]
     try:
         cli.main()
     finally:
-        for index, (name, profile) in enumerate(profiles):
-            profile.dump_stats(out / f"{index:02d}-{name}.prof")
+        dump()
 
 
 if __name__ == "__main__":
