@@ -273,8 +273,6 @@ class Controller:
         profiles; not for a Job that started or an attempt reported Running."""
         keys: set[Key] = set()
         for change in changes:
-            if change.type != "DELETED":  # the next pass's shared reads need not decode it
-                shared.note(change.uid, change.revision, change.object)
             if change.revision in self._passes:
                 # What a scheduling pass wrote (bindings, Jobs bound or told why they wait)
                 # needs no reconcile and no further pass: it is the pass's own conclusion.
@@ -388,8 +386,12 @@ class Controller:
                 wait_s = 1.0 if timeout is None else min(timeout, 1.0)
                 batch = self._changes.get(timeout=wait_s if block else 0.0)
                 batches = [batch]
-                while not self._changes.empty():
-                    batches.append(self._changes.get_nowait())
+                while not self._changes.empty() or _goes_on(batches[-1]):
+                    try:  # the rest of a revision that a page of the feed ended in, first
+                        batches.append(self._changes.get(timeout=PAGE_WAIT_S))
+                    except queue.Empty:
+                        break
+                _note(batches)
                 for item in batches:
                     if item is None:  # the follower reconnects: changes may have been missed
                         dirty.add(RESYNC)
@@ -430,3 +432,31 @@ class Controller:
                 delay = min(delay * 2, 10.0)
                 self._changes.put(None)
         self._changes.put(None)  # stopping: wake the loop, which then sees the stop
+
+
+# How long the loop waits for the next page of the feed when one ended within a revision, so
+# that a pass never works from half of one transaction's changes (the feed thread reads it at
+# once: tens of milliseconds for 10,000 changes).
+PAGE_WAIT_S = 1.0
+
+
+def _goes_on(item: object) -> bool:
+    """Whether a batch of the feed is a full page: the revision it ends in may go on."""
+    return isinstance(item, list) and len(item) >= feed.PAGE
+
+
+def _note(items: list[Any]) -> None:
+    """Tell the shared reads' cache what the feed's changes carry (`shared.note`), in order:
+    the next pass need not decode again what the feed thread did. Of a full page that nothing
+    follows (the feed reconnected, or a revision ended exactly there), the ADDED changes of
+    its last revision are left out: a later change of them may be in what was not read."""
+    for position, item in enumerate(items):
+        if not isinstance(item, list):
+            continue
+        following = items[position + 1] if position + 1 < len(items) else None
+        unsure = _goes_on(item) and not isinstance(following, list)
+        last = item[-1].revision
+        for change in item:
+            if change.type == "ADDED" and unsure and change.revision == last:
+                continue
+            shared.note(change.type, change.uid, change.revision, change.object)

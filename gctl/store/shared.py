@@ -61,21 +61,32 @@ def query(
     )
 
 
-def note(uid: str, version: int, wire: dict[str, Any]) -> None:
-    """A row at `version` as a change of the feed carried it (`Change.object`: the object right
-    after that write, which is the document the row holds if it is the object's last change at
-    that revision): kept as decoded, unless a later version is, so that a shared read of that
-    version decodes nothing. Changes are to be noted in the feed's order. A daemon that follows
-    the feed has decoded every row it wrote or was told of once already (10,000 Jobs applied
-    at once: 130 ms of the next pass, read and decoded again)."""
+def note(change_type: str, uid: str, revision: int, wire: dict[str, Any]) -> None:
+    """What a change of the feed tells the cache, given in the feed's order. A daemon that
+    follows the feed has decoded each object it carries already (10,000 Jobs applied at once:
+    130 ms of the next pass, read and decoded again).
+
+    An ADDED change's object is the document its row was created with, whole (the row's
+    columns are made from it); kept as decoded at `revision`, its first version, so that a
+    shared read of that version decodes nothing. A later change of the object at the same
+    revision (written twice in one transaction), or at any later one, or its deletion, drops
+    what is kept of it up to there: a status write's change carries the spec as the model
+    writes it, where the row keeps the spec it holds, which a hand edit may have written in
+    another form, so only creations are kept. A caller that may not have seen every change of
+    `revision` yet (the feed's page ended within it) notes none of its ADDED ones."""
     kept = _DECODED.get(uid)
-    # Not `>=`: an object written twice in one transaction has two changes at its revision,
-    # and the later (noted later: the feed is in order) is the row's.
-    if kept is not None and kept[0] > version:
+    if change_type != "ADDED":
+        if kept is not None and kept[0] <= revision:
+            _DECODED.pop(uid, None)
+        validated = _VALIDATED.get(uid)
+        if validated is not None and validated[0] <= revision:
+            _VALIDATED.pop(uid, None)
+        return
+    if kept is not None and kept[0] >= revision:
         return
     if len(_DECODED) >= MAX_KEPT:
         _DECODED.clear()
-    _DECODED[uid] = (version, wire)
+    _DECODED[uid] = (revision, wire)
 
 
 def objects(

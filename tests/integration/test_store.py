@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy
 
 from gctl.api import errors, event, job, kinds, meta, pool, queue
-from gctl.store import db, driver, feed, locations, shared, store
+from gctl.store import db, driver, feed, locations, shared, store, tables
 from tests.builders import make_job
 
 
@@ -550,42 +550,65 @@ def _finalized(j: job.Job) -> job.Job:
     return j
 
 
-def test_a_row_noted_from_the_feed_is_not_decoded_again_and_no_older_note_stands(
-    database: db.Database,
+def test_a_creation_noted_from_the_feed_is_not_decoded_again_and_any_later_write_drops_it(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`shared.note`: a shared read of the noted version returns the noted document itself; an
-    older version noted after a newer one changes nothing; a newer row is decoded."""
+    """`shared.note`: a shared read of a created row returns the ADDED change's document itself;
+    any later change of it drops that (a write at a later revision, or at the same one, in the
+    same transaction), and what a status write's change carries is never kept: the row may
+    hold its spec in another form (a hand edit), which a shared read must return as it is."""
+    monkeypatch.setattr(shared, "_DECODED", {})
+    monkeypatch.setattr(shared, "_VALIDATED", {})
+
+    def noted(since: int) -> list[store.Change]:
+        with database.read() as session:
+            changes = store.Store(session).changes_since(since)
+        for change in changes:
+            shared.note(change.type, change.uid, change.revision, change.object)
+        return changes
+
+    def pending() -> list[dict[str, Any]]:
+        with database.read() as session:
+            return store.Store(session).pending_wires()
+
     (a,) = _create(database, make_job("a").build())
-    with database.read() as session:
-        (first,) = store.Store(session).changes_since(0)
-    shared.note(first.uid, first.revision, first.object)
-    with database.read() as session:
-        (read,) = store.Store(session).pending_wires()
-    assert read is first.object
+    (added,) = noted(0)
+    assert pending()[0] is added.object
     a.spec.priority = 2
     with database.write() as session:
         store.Store(session).update(a)
-    with database.read() as session:
-        reader = store.Store(session)
-        (second,) = reader.changes_since(first.revision)
-        (newer,) = reader.pending_wires()
-    assert newer is not first.object
-    assert newer == second.object
-    shared.note(first.uid, first.revision, first.object)  # late: the newer one stands
-    with database.read() as session:
-        (again,) = store.Store(session).pending_wires()
-    assert again is newer
-    with database.write() as session:  # two changes at one revision: the later is the row's
-        _twice(store.Store(session), "a")
-    with database.read() as session:
-        reader = store.Store(session)
-        earlier, later = reader.changes_since(second.revision)
-        assert earlier.revision == later.revision
-        for change in (earlier, later):
-            shared.note(change.uid, change.revision, change.object)
-        (twice,) = reader.pending_wires()
-    assert twice is later.object
-    assert twice["status"]["message"] == "second"
+    (updated,) = noted(added.revision)
+    newer = pending()[0]
+    assert newer == updated.object
+    assert newer is not updated.object  # decoded from the row
+    shared.note("ADDED", added.uid, added.revision, added.object)  # late: the newer one stands
+    assert pending()[0] is newer
+    with database.write() as session:  # created and written again in one transaction
+        writer = store.Store(session)
+        writer.create(make_job("b").build())
+        _twice(writer, "b")
+    created, *_ = noted(updated.revision)
+    (b,) = [w for w in pending() if w["metadata"]["name"] == "b"]
+    assert b is not created.object
+    assert b["status"]["message"] == "second"
+    table = tables.table_of(job.Job.KIND)
+    hand = {"command": "true", "resources": {"gpus": 1}}  # no defaults written out
+    with database.engine.begin() as connection:  # a hand edit: a new version, no change
+        connection.execute(
+            sqlalchemy.update(table)
+            .where(table.c.name == "b")
+            .values(spec=hand, resource_version=table.c.resource_version + 1)
+        )
+    with database.write() as session:
+        writer = store.Store(session)
+        told = writer.get(job.Job, "b")
+        told.status.message = "told"
+        writer.update_status(told)
+    (status_write,) = noted(created.revision)
+    assert status_write.object["spec"] != hand  # the model's spec, its defaults written out
+    (b,) = [w for w in pending() if w["metadata"]["name"] == "b"]
+    assert b["spec"] == hand
+    assert b["status"]["message"] == "told"
 
 
 def test_change_feed_is_ordered_resumable_and_keeps_deletions(database: db.Database) -> None:
