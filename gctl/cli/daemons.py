@@ -70,11 +70,12 @@ def _logging() -> None:
     )
 
 
-def _stop_on_signals(*, interrupts: bool = True) -> tuple[threading.Event, list[str]]:
+def _stop_on_signals(*, agent_process: bool = False) -> tuple[threading.Event, list[str]]:
     """The event SIGTERM and SIGINT set, and the names of the signals received. Every wait of
     the daemons' threads wakes on it at once (`notify.Stop`), so that they end in moments.
-    Without `interrupts`, SIGINT is ignored: `gctl up`'s agent process leaves Ctrl-C to `gctl
-    up`, which stops it (`_AgentProcess`)."""
+    `agent_process`: `gctl up`'s (`_AgentProcess`), which leaves Ctrl-C to `gctl up` (SIGINT
+    is ignored; `gctl up` stops it) and says nothing of a signal: `gctl up` does, from its exit
+    code (`SIGNALLED`), a second signal's too."""
     from gctl.store import notify
 
     stop = notify.Stop()
@@ -83,14 +84,15 @@ def _stop_on_signals(*, interrupts: bool = True) -> tuple[threading.Event, list[
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if received:  # a second one: do not wait for the parts (`STOP_GRACE_S`)
-            logging.getLogger("gctl").warning("received %s again: leaving at once", name)
+            if not agent_process:
+                logging.getLogger("gctl").warning("received %s again: leaving at once", name)
             logging.shutdown()
-            os._exit(0)
+            os._exit(SIGNALLED + signum if agent_process else 0)
         received.append(name)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler if interrupts else signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if agent_process else handler)
     return stop, received
 
 
@@ -262,7 +264,7 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
     start, and is said, rather than killing the process silently. `parent`: the read end of a
     pipe whose end (`gctl up` stopping, or gone) stops them too; SIGINT is then ignored, and
     `gctl up` says why they stopped (a signal too), and the error they stopped with."""
-    stop, received = _stop_on_signals(interrupts=parent is None)
+    stop, received = _stop_on_signals(agent_process=parent is not None)
     if parent is not None:
         threading.Thread(
             target=_stop_at_end, args=(parent, stop), name="parent", daemon=True
@@ -307,7 +309,10 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
         )
         logging.shutdown()
         sys.stdout.flush()
-        os._exit(1 if failures else 0)  # not the interpreter's exit: it would wait for them
+        code = 1 if failures else 0
+        if not failures and received and parent is not None:  # `gctl up` says the signal
+            code = SIGNALLED + signal.Signals[received[0]].value
+        os._exit(code)  # not the interpreter's exit: it would wait for them
     # The interpreter's exit collects every object the daemons made, a hundred thousand of
     # them (models, SQLAlchemy): most of a second on a busy host. Frozen, they are left to the
     # exit, which frees the process's memory in one piece anyway.

@@ -3,6 +3,7 @@ child processes."""
 
 import errno
 import os
+import signal
 
 import pytest
 
@@ -64,3 +65,41 @@ def test_the_error_an_agent_ended_with_is_said_whole() -> None:
     assert str(ended) == "Exited: the node's agent was refused"
     watched.stop()
     os.close(watched._said)
+
+
+@pytest.mark.parametrize("agent_process", [True, False], ids=["agent-process", "own"])
+def test_a_second_signal_leaves_at_once_said_by_whoever_says_the_first(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, agent_process: bool
+) -> None:
+    """A second signal leaves at once. A daemon of its own says so and exits 0; `gctl up`'s
+    agent process says nothing (`gctl up` says its signals) and exits SIGNALLED plus the
+    signal's number, which `gctl up` names (review: it said "received SIGTERM again" alone
+    and exited 0, which `gctl up` called "ended (exit 0)")."""
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:
+        exits.append(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop, received = daemons._stop_on_signals(agent_process=agent_process)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        assert (signal.getsignal(signal.SIGINT) == signal.SIG_IGN) is agent_process
+        handler(signal.SIGTERM, None)
+        assert stop.is_set()
+        assert received == ["SIGTERM"]
+        assert exits == []
+        handler(signal.SIGTERM, None)
+    finally:
+        for sig, was in saved.items():
+            signal.signal(sig, was)
+    said = "received SIGTERM again: leaving at once" in caplog.text
+    if agent_process:
+        assert exits == [daemons.SIGNALLED + signal.SIGTERM]
+        assert daemons._signal_of(exits[0]) == "SIGTERM"
+        assert not said
+    else:
+        assert exits == [0]
+        assert said
