@@ -540,8 +540,10 @@ def profile_threads(argv: Sequence[str]) -> None:
     exit_now = os._exit
 
     def dumped_exit(status: int) -> NoReturn:
-        dump()
-        exit_now(status)
+        try:
+            dump()
+        finally:
+            exit_now(status)
 
     threading.Thread.run = run  # type: ignore[method-assign]
     os._exit = dumped_exit
