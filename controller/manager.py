@@ -310,8 +310,10 @@ class Controller:
             elif change.kind in ("GPUPool", "GPUProfile"):
                 keys.add(SCHEDULE)
         if changes:  # the feed is in revision order: older passes are behind us
-            self._passes = {r for r in self._passes if r > changes[-1].revision}
-            self._settled = {r: k for r, k in self._settled.items() if r > changes[-1].revision}
+            # (the last revision too, unless the next page goes on with it)
+            last = changes[-1].revision - (1 if _goes_on(changes) else 0)
+            self._passes = {r for r in self._passes if r > last}
+            self._settled = {r: k for r, k in self._settled.items() if r > last}
         return keys
 
     def run(self, stop: threading.Event) -> None:
@@ -386,8 +388,8 @@ class Controller:
                 wait_s = 1.0 if timeout is None else min(timeout, 1.0)
                 batch = self._changes.get(timeout=wait_s if block else 0.0)
                 batches = [batch]
-                while not self._changes.empty() or _goes_on(batches[-1]):
-                    try:  # the rest of a revision that a page of the feed ended in, first
+                while not self._changes.empty() or (block and _goes_on(batches[-1])):
+                    try:  # the rest of a transaction that a page of the feed ended in, first
                         batches.append(self._changes.get(timeout=PAGE_WAIT_S))
                     except queue.Empty:
                         break
@@ -423,7 +425,8 @@ class Controller:
                         down_since = None
                     for batch in changes:
                         self._changes.put(batch)
-                        since = batch[-1].revision
+                        # where a reconnect reads from: all of a transaction a page ended in
+                        since = batch[-1].revision - (1 if _goes_on(batch) else 0)
                         delay = 0.5
             except Exception as exc:  # the database went away: keep trying, then resync
                 said.failed("change feed", exc)  # once a minute, while the database is away
@@ -434,29 +437,33 @@ class Controller:
         self._changes.put(None)  # stopping: wake the loop, which then sees the stop
 
 
-# How long the loop waits for the next page of the feed when one ended within a revision, so
-# that a pass never works from half of one transaction's changes (the feed thread reads it at
-# once: tens of milliseconds for 10,000 changes).
+# How long the loop waits for the next page of the feed when one ended within a transaction's
+# changes, so that a pass never works from half of them (the feed thread reads it at once:
+# tens of milliseconds for 10,000 changes); a page at a time.
 PAGE_WAIT_S = 1.0
 
 
 def _goes_on(item: object) -> bool:
-    """Whether a batch of the feed is a full page: the revision it ends in may go on."""
-    return isinstance(item, list) and len(item) >= feed.PAGE
+    """Whether a batch of the feed ends within a revision that the next page goes on with."""
+    return isinstance(item, feed.Page) and item.continues
 
 
 def _note(items: list[Any]) -> None:
     """Tell the shared reads' cache what the feed's changes carry (`shared.note`), in order:
-    the next pass need not decode again what the feed thread did. Of a full page that nothing
-    follows (the feed reconnected, or a revision ended exactly there), the ADDED changes of
-    its last revision are left out: a later change of them may be in what was not read."""
-    for position, item in enumerate(items):
+    the next pass need not decode again what the feed thread did. Where a page ended within a
+    revision and nothing followed it (the feed reconnected, or the wait for the rest ran out),
+    that revision's ADDED changes are left out, in every page: a later change of them, in the
+    same transaction, may be in what was not read."""
+    unsure = {
+        item[-1].revision
+        for position, item in enumerate(items)
+        if _goes_on(item)
+        and not (position + 1 < len(items) and isinstance(items[position + 1], list))
+    }
+    for item in items:
         if not isinstance(item, list):
             continue
-        following = items[position + 1] if position + 1 < len(items) else None
-        unsure = _goes_on(item) and not isinstance(following, list)
-        last = item[-1].revision
         for change in item:
-            if change.type == "ADDED" and unsure and change.revision == last:
+            if change.type == "ADDED" and change.revision in unsure:
                 continue
             shared.note(change.type, change.uid, change.revision, change.object)

@@ -25,6 +25,14 @@ RESYNC_SECONDS = 60.0
 PAGE = 10_000  # changes read at once
 
 
+class Page(list[revisions.Change]):
+    """Changes read at once, in the feed's order. `continues`: the last one's revision goes on
+    in the next page (one transaction wrote more changes than a page holds), which a reader
+    that waits for a whole transaction reads before it acts (`controller.manager`)."""
+
+    continues: bool = False
+
+
 class Waker(Protocol):
     def wait(self, timeout: float) -> bool: ...
     def close(self) -> None: ...
@@ -182,8 +190,8 @@ class Watch(AbstractContextManager["Watch"]):
         self._waker.close()
         self._reader.close()
 
-    def poll(self) -> list[revisions.Change]:
-        """Every change after the current position, now, without waiting."""
+    def poll(self) -> Page:
+        """Every change after the current position, now, without waiting (a page at most)."""
         head, changes = self._reader.read(self.revision, self._kinds, self._after_id)
         if changes:
             self._after_id = changes[-1].id
@@ -192,7 +200,7 @@ class Watch(AbstractContextManager["Watch"]):
             self.revision = max(self.revision, head)
         return changes
 
-    def __iter__(self) -> Iterator[list[revisions.Change]]:
+    def __iter__(self) -> Iterator[Page]:
         while self._stop is None or not self._stop.is_set():
             changes = self.poll()
             if changes:
@@ -236,8 +244,9 @@ class _ChangeReader:
 
     def read(
         self, revision: int, kinds: list[str] | None, after_id: int | None
-    ) -> tuple[int, list[revisions.Change]]:
-        """(the head revision, the changes after `after_id` or else after `revision`)."""
+    ) -> tuple[int, Page]:
+        """(the head revision, the changes after `after_id` or else after `revision`: a page,
+        and whether the last one's revision goes on after it)."""
         mark = self._mark
         where = f"id > {mark}" if after_id is not None else f"revision > {mark}"
         params: list[object] = [after_id if after_id is not None else revision]
@@ -247,7 +256,7 @@ class _ChangeReader:
         query = (
             f"SELECT id, revision, type, kind, namespace, name, uid, object{self._text} "
             "FROM changes "
-            f"WHERE {where} ORDER BY id LIMIT {PAGE}"
+            f"WHERE {where} ORDER BY id LIMIT {PAGE + 1}"  # the one after: its revision
         )
         try:
             if self._sqlite:
@@ -262,7 +271,7 @@ class _ChangeReader:
                     self._conn.execute("COMMIT")
         except Exception as exc:  # sqlite3.Error or psycopg.Error, imported lazily
             raise unavailable(self._url, exc) from None
-        return head, [
+        page = Page(
             revisions.Change(
                 int(r[0]),
                 int(r[1]),
@@ -273,8 +282,10 @@ class _ChangeReader:
                 r[6],
                 jsontext.loads_of(r[3])(r[7]) if isinstance(r[7], str) else r[7],
             )
-            for r in rows
-        ]
+            for r in rows[:PAGE]
+        )
+        page.continues = len(rows) > PAGE and int(rows[PAGE][1]) == page[-1].revision
+        return head, page
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -267,12 +267,11 @@ def test_the_jobs_a_controller_was_told_of_are_not_decoded_again_by_its_next_pas
 ) -> None:
     """The feed's changes carry each new row's document, decoded as the controller reads them:
     its next pass's shared reads take those (`shared.note`) rather than decoding the same rows
-    again (10,000 Jobs applied at once: 130 ms of that pass). Of a page of the feed that ends
-    within a revision, nothing of that revision is taken until the rest of it is read, and a
-    Job written again in the same transaction is decoded from its row."""
+    again (10,000 Jobs applied at once: 130 ms of that pass). Of a transaction that a page of
+    the feed ended within, nothing created is taken until the rest of it is read, in any of
+    its pages; and a Job written again in the same transaction is decoded from its row."""
     monkeypatch.setattr(shared, "_DECODED", {})
     monkeypatch.setattr(shared, "_VALIDATED", {})
-    monkeypatch.setattr(feed, "PAGE", 2)
     with database.write() as session:
         writer = store.Store(session)
         writer.create_many([make_job(f"j{i}").build() for i in range(3)])
@@ -283,8 +282,16 @@ def test_the_jobs_a_controller_was_told_of_are_not_decoded_again_by_its_next_pas
         writer.update_status(x)
     with database.read() as session:
         changes = store.Store(session).changes_since(0)
-    first, x_y, x_again = changes[:3], changes[3:5], changes[5:]
-    assert [c.type for c in x_again] == ["MODIFIED"]
+
+    def page(part: list[store.Change], *, continues: bool) -> feed.Page:
+        made = feed.Page(part)
+        made.continues = continues
+        return made
+
+    first = page(changes[:3], continues=False)
+    x_, y_ = page(changes[3:4], continues=True), page(changes[4:5], continues=True)
+    rest = page(changes[5:], continues=False)
+    assert [c.type for c in rest] == ["MODIFIED"]
 
     def decoded() -> dict[str, bool]:
         """Whether each pending Job was decoded from its row (not the feed's own object)."""
@@ -293,16 +300,17 @@ def test_the_jobs_a_controller_was_told_of_are_not_decoded_again_by_its_next_pas
         feed_objects = {id(c.object) for c in changes}
         return {w["metadata"]["name"]: id(w) not in feed_objects for w in pending}
 
-    manager._note([first, x_y])  # the page of x and y ends their revision's feed so far
+    manager._note([first, x_, y_])  # x's and y's transaction goes on past what was read
     assert decoded() == {"j0": False, "j1": False, "j2": False, "x": True, "y": True}
     monkeypatch.setattr(shared, "_DECODED", {})
-    manager._note([first, x_y, x_again])
+    manager._note([first, x_, y_, rest])
     assert decoded() == {"j0": False, "j1": False, "j2": False, "x": True, "y": False}
-    # The loop waits for the rest of a revision a page ended in before it passes.
+    # The loop waits for the rest of a transaction a page ended in before it passes.
     monkeypatch.setattr(shared, "_DECODED", {})
+    monkeypatch.setattr(manager, "PAGE_WAIT_S", 30.0)  # it ends when the rest comes
     controller = manager.Controller(database, clock=lambda: T0)
-    controller._changes.put(x_y)
-    later = threading.Timer(0.2, controller._changes.put, [x_again])
+    controller._changes.put(page(changes[3:5], continues=True))
+    later = threading.Timer(0.2, controller._changes.put, [rest])
     later.start()
     keys = controller._wait(threading.Event())
     later.join()

@@ -672,6 +672,25 @@ def test_watch_pages_through_one_large_transaction(database: db.Database) -> Non
     assert names == [j.name for j in jobs]
 
 
+def test_a_page_of_the_feed_says_whether_its_last_transaction_goes_on(
+    database: db.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that waits for whole transactions (the controller) must know whether a full
+    page ended within one: a transaction of exactly a page's changes does not go on."""
+    monkeypatch.setattr(feed, "PAGE", 3)
+    _create(database, *[make_job(f"a{i}").build() for i in range(3)])  # exactly a page
+    _create(database, *[make_job(f"b{i}").build() for i in range(4)])  # a page and one more
+    _create(database, make_job("c").build())
+    with feed.Watch(database, since=0, kinds=["Job"]) as watch:
+        pages = [watch.poll() for _ in range(4)]
+    assert [([c.name for c in p], p.continues) for p in pages] == [
+        (["a0", "a1", "a2"], False),
+        (["b0", "b1", "b2"], True),
+        (["b3", "c"], False),
+        ([], False),
+    ]
+
+
 def _bump_counter(url: str, rounds: int) -> None:
     database = db.Database.open(url)
 

@@ -2,6 +2,7 @@
 child processes."""
 
 import errno
+import logging
 import os
 import signal
 
@@ -81,6 +82,7 @@ def test_a_second_signal_leaves_at_once_said_by_whoever_says_the_first(
         exits.append(code)
 
     monkeypatch.setattr(os, "_exit", exit_now)
+    monkeypatch.setattr(logging, "shutdown", lambda: None)  # pytest's own handlers stay
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         stop, received = daemons._stop_on_signals(agent_process=agent_process)
