@@ -425,8 +425,7 @@ class Controller:
                         down_since = None
                     for batch in changes:
                         self._changes.put(batch)
-                        # where a reconnect reads from: all of a transaction a page ended in
-                        since = batch[-1].revision - (1 if _goes_on(batch) else 0)
+                        since = feed.resume_after(batch)
                         delay = 0.5
             except Exception as exc:  # the database went away: keep trying, then resync
                 said.failed("change feed", exc)  # once a minute, while the database is away

@@ -332,7 +332,7 @@ class Agent:
                     self.db, since=since, kinds=[binding.Binding.KIND, node.Node.KIND], stop=stop
                 ) as changes:
                     for batch in changes:
-                        since = batch[-1].revision
+                        since = feed.resume_after(batch)
                         with self._written_lock:
                             written = self._written
                             self._written = {r for r in written if r > since}

@@ -33,6 +33,13 @@ class Page(list[revisions.Change]):
     continues: bool = False
 
 
+def resume_after(page: Page) -> int:
+    """The revision a new watch is to read after once `page` is handled (a reconnect): its
+    last one's, or the one before where the next page goes on with it, since a watch reads
+    whole revisions and would skip the rest of that transaction."""
+    return page[-1].revision - (1 if page.continues else 0)
+
+
 class Waker(Protocol):
     def wait(self, timeout: float) -> bool: ...
     def close(self) -> None: ...

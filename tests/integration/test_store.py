@@ -689,6 +689,10 @@ def test_a_page_of_the_feed_says_whether_its_last_transaction_goes_on(
         (["b3", "c"], False),
         ([], False),
     ]
+    # A watch made again after a page (a reconnect) reads all of a transaction it ended in.
+    for page, again in ((pages[0], ["b0", "b1", "b2"]), (pages[1], ["b0", "b1", "b2"])):
+        with feed.Watch(database, since=feed.resume_after(page), kinds=["Job"]) as watch:
+            assert [c.name for c in watch.poll()] == again
 
 
 def _bump_counter(url: str, rounds: int) -> None:
