@@ -310,8 +310,7 @@ class Controller:
             elif change.kind in ("GPUPool", "GPUProfile"):
                 keys.add(SCHEDULE)
         if changes:  # the feed is in revision order: older passes are behind us
-            # (the last revision too, unless the next page goes on with it)
-            last = changes[-1].revision - (1 if _goes_on(changes) else 0)
+            last = feed.resume_after(changes)  # (not the last, if the next page goes on with it)
             self._passes = {r for r in self._passes if r > last}
             self._settled = {r: k for r, k in self._settled.items() if r > last}
         return keys

@@ -311,7 +311,7 @@ def _run(build: Build, *, jobs_outlive: bool = False, parent: int | None = None)
         sys.stdout.flush()
         code = 1 if failures else 0
         if not failures and received and parent is not None:  # `gctl up` says the signal
-            code = SIGNALLED + signal.Signals[received[0]].value
+            code = _signalled(received[0])
         os._exit(code)  # not the interpreter's exit: it would wait for them
     # The interpreter's exit collects every object the daemons made, a hundred thousand of
     # them (models, SQLAlchemy): most of a second on a busy host. Frozen, they are left to the
@@ -472,6 +472,11 @@ class _AgentProcess:
                 os.close(pidfd)
 
 
+def _signalled(name: str) -> int:
+    """The agent process's exit code when the signal `name` stopped it (`SIGNALLED`)."""
+    return SIGNALLED + signal.Signals[name].value
+
+
 def _signal_of(code: int) -> str | None:
     """The signal that stopped the agent process, from its exit code (`SIGNALLED`); None if
     none did."""
@@ -516,7 +521,7 @@ def _agent_process_main(db_url: str | None, options: AgentOptions, said: int, pa
             return [("agent", runner)]
 
         received = _run(build, jobs_outlive=True, parent=parent)
-        code = 0 if received is None else SIGNALLED + signal.Signals[received].value
+        code = 0 if received is None else _signalled(received)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except errors.GctlError as exc:

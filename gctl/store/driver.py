@@ -104,10 +104,17 @@ class Transaction:
         for kind, kind_rows in rows.items():
             self._conn.executemany(insert_sql(kind, list(kind_rows[0])), kind_rows)
         self._conn.executemany(
-            "INSERT INTO changes (revision, type, kind, namespace, name, uid, object) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            APPEND_CHANGE,
             [
-                (revision, "ADDED", o.KIND, o.namespace, o.name, o.metadata.uid, _json(wire))
+                {
+                    "revision": revision,
+                    "type": "ADDED",
+                    "kind": o.KIND,
+                    "namespace": o.namespace,
+                    "name": o.name,
+                    "uid": o.metadata.uid,
+                    "object": _json(wire),
+                }
                 for o, wire in zip(created, wires, strict=True)
             ],
         )
@@ -168,6 +175,14 @@ def encoded(row: dict[str, Any]) -> dict[str, Any]:
     encoded = {k: _json(v) if k in listing.JSON_COLUMNS else v for k, v in row.items()}
     encoded["created_at"] = _timestamp(row["created_at"])  # deleted_at: None, as created
     return encoded
+
+
+# A change-feed row on SQLite, its columns as named parameters, the object as text: this
+# module's creations and the Store's every write (`revisions`) append with it.
+APPEND_CHANGE = (
+    "INSERT INTO changes (revision, type, kind, namespace, name, uid, object) "
+    "VALUES (:revision, :type, :kind, :namespace, :name, :uid, :object)"
+)
 
 
 def insert_sql(kind: str, columns: list[str]) -> str:

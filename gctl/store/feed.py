@@ -11,7 +11,7 @@ import math
 import select
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
@@ -33,11 +33,11 @@ class Page(list[revisions.Change]):
     continues: bool = False
 
 
-def resume_after(page: Page) -> int:
-    """The revision a new watch is to read after once `page` is handled (a reconnect): its
-    last one's, or the one before where the next page goes on with it, since a watch reads
-    whole revisions and would skip the rest of that transaction."""
-    return page[-1].revision - (1 if page.continues else 0)
+def resume_after(page: Sequence[revisions.Change]) -> int:
+    """The last revision wholly read once `page` is handled, which a new watch (a reconnect)
+    is to read after: its last one's, or the one before where the next page goes on with it,
+    since a watch reads whole revisions and would skip the rest of that transaction."""
+    return page[-1].revision - (1 if isinstance(page, Page) and page.continues else 0)
 
 
 class Waker(Protocol):

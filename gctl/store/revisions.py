@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from gctl.api import meta
-from gctl.store import events, jsontext, pgarrays, tables
+from gctl.store import driver, events, jsontext, pgarrays, tables
 
 NOTIFY_CHANNEL = "gctl_changes"
 SCHEDULING_LOCK_KEY = 0x67637463  # "gctc"
@@ -42,13 +42,6 @@ Bulk = Callable[[], tuple[str, list[Any]] | None]  # one statement for many rows
 _CURRENT = select(REVISION.c.revision)
 _NEXT = update(REVISION).values(revision=REVISION.c.revision + 1).returning(REVISION.c.revision)
 _APPEND = insert(_CHANGES)
-# SQLAlchemy's statements spend more on each row's parameters (its types' processing, in
-# Python) than SQLite takes to insert it: on SQLite the feed's rows and new objects' rows go to
-# the driver as text (`execute_driver_many`), each JSON column encoded once, by gctl.
-_APPEND_SQLITE = (
-    "INSERT INTO changes (revision, type, kind, namespace, name, uid, object) "
-    "VALUES (:revision, :type, :kind, :namespace, :name, :uid, :object)"
-)
 _NOTIFY = select(func.pg_notify(NOTIFY_CHANNEL, bindparam("revision", type_=String)))
 _SCHEDULING_LOCK = select(func.pg_advisory_xact_lock(SCHEDULING_LOCK_KEY))
 
@@ -161,10 +154,13 @@ class Revisions:
         ]
         if not rows:
             return
-        if self._dialect.name == "sqlite":  # the rows as SQLAlchemy's JSON type writes them
+        # SQLAlchemy's statements spend more on each row's parameters (its types' processing,
+        # in Python) than SQLite takes to insert it: on SQLite the rows go to the driver as
+        # SQLAlchemy's JSON type writes them, encoded once, by gctl.
+        if self._dialect.name == "sqlite":
             for row in rows:
                 row["object"] = jsontext.dumps(row["object"])
-            self.execute_driver_many(_APPEND_SQLITE, rows)
+            self.execute_driver_many(driver.APPEND_CHANGE, rows)
             return
         bulk = functools.partial(pgarrays.insert, self._dialect, _CHANGES, rows)
         self.execute_many(_APPEND, rows, bulk)
