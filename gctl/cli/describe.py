@@ -440,7 +440,8 @@ def _with_events(
             invalid.append(exc)
             continue
         kept.append(wire)
-        events.append([] if found is None else reader.events_for(found))
+        # An event that does not validate is said as such an object is; the others are shown
+        events.append([] if found is None else reader.events_for(found, skipped=invalid))
     return kept, events, invalid
 
 

@@ -41,7 +41,7 @@ def timestamp(value: datetime | str) -> str:
 _EMPTY: dict[str, Any] = {"{}": {}, "[]": []}
 
 
-def _document(value: Any, loads: Callable[[str], Any] = jsontext.loads) -> Any:
+def document(value: Any, loads: Callable[[str], Any] = jsontext.loads) -> Any:
     """A JSON column's value: decoded already where SQLAlchemy or psycopg read it as JSON,
     else its text (`loads` reads it: `jsontext.loads_of` its kind)."""
     if not isinstance(value, str):
@@ -55,9 +55,9 @@ def row_to_wire(info: kinds.KindInfo, row: Mapping[Any, Any]) -> dict[str, Any]:
     if info.namespaced:
         metadata["namespace"] = row["namespace"]
     for key in ("labels", "annotations", "finalizers"):
-        if value := _document(row[key]):
+        if value := document(row[key]):
             metadata[key] = value
-    if owners := _document(row["owner_references"]):
+    if owners := document(row["owner_references"]):
         metadata["ownerReferences"] = owners
     metadata["uid"] = row["uid"]
     metadata["generation"] = row["generation"]
@@ -69,8 +69,8 @@ def row_to_wire(info: kinds.KindInfo, row: Mapping[Any, Any]) -> dict[str, Any]:
         "apiVersion": kinds.API_VERSION,
         "kind": info.kind,
         "metadata": metadata,
-        "spec": _document(row["spec"], jsontext.loads_of(info.kind)),
-        "status": _document(row["status"]),
+        "spec": document(row["spec"], jsontext.loads_of(info.kind)),
+        "status": document(row["status"]),
     }
 
 

@@ -365,8 +365,16 @@ class Store(reading.Reads):
             self._flush()
         return self._events.record(occurrences)
 
-    def events_for(self, involved: meta.Resource, limit: int = 50) -> list[event.Event]:
-        return self._events.of(involved, limit)
+    def events_for(
+        self,
+        involved: meta.Resource,
+        limit: int = 50,
+        *,
+        skipped: list[errors.StoredInvalid] | None = None,
+    ) -> list[event.Event]:
+        """The object's latest events, oldest first; one that does not validate as stored
+        raises StoredInvalid, or with `skipped` goes there."""
+        return self._events.of(involved, limit, skipped)
 
 
 _METADATA_COLUMNS = frozenset({"labels", "annotations", "finalizers", "owner_references"})

@@ -26,7 +26,7 @@ import sqlalchemy
 import yaml
 
 import gctl as gctl_package
-from gctl.api import job, pool, sweep
+from gctl.api import event, job, pool, sweep
 from gctl.store import db, store, tables
 from tests.builders import JobBuilder, corrupt, make_job
 from tests.conftest import DIALECTS, Gctl, Result
@@ -1776,6 +1776,38 @@ def test_get_pools_and_describe_count_jobs_stored_in_a_form_gctl_refuses(
         " GPUs): written by an older gctl or edited by hand; fix or delete its row in the"
         " database",
     ]
+
+
+def test_describe_shows_the_events_that_validate_and_names_one_that_does_not(
+    gctl: Gctl, database: db.Database
+) -> None:
+    """An Event edited by hand into a form gctl refuses: `describe` of its Job shows the Job
+    and its other events, and names that one in one line, exit 1 (it printed pydantic's
+    error over three lines and nothing of the Job)."""
+    gctl.ok("run", "--name", "b", "--", "true")
+    with database.write() as session:
+        writer = store.Store(session)
+        b = writer.get(job.Job, "b")
+        writer.record_events([store.Occurrence(b, "Started"), store.Occurrence(b, "Noted")])
+    table_ = tables.table_of(event.Event.KIND)
+    with database.write() as session:
+        for name, stored in session.execute(sqlalchemy.select(table_.c.name, table_.c.spec)):
+            spec = stored if isinstance(stored, dict) else json.loads(stored)
+            if spec["reason"] == "Started":
+                edit = sqlalchemy.update(table_).where(table_.c.name == name)
+                session.execute(edit.values(spec=spec | {"count": 0}))
+
+    done = gctl("describe", "job", "b")
+
+    assert done.code == 1
+    assert done.out.startswith("Name:         b\n")
+    assert "Noted" in done.out.split("Events:")[1]
+    assert "Started" not in done.out.split("Events:")[1]
+    assert len(done.err.splitlines()) == 1
+    assert done.err.startswith('error: event "b.')
+    assert (
+        "as stored does not validate (spec.count: must be greater than or equal to 1)" in done.err
+    )
 
 
 def test_delete_that_waits_for_the_controller_says_so(gctl: Gctl, database: db.Database) -> None:

@@ -2,6 +2,7 @@
 finalizers, events and the change feed."""
 
 import gc
+import json
 import multiprocessing
 import re
 import stat
@@ -216,6 +217,48 @@ def test_events_recorded_together_aggregate_with_stored_ones_and_each_other(
             ("Scheduled", 2, "Normal"),
             ("Started", 1, "Warning"),
         ]
+
+
+def test_a_stored_latest_event_is_compared_as_stored_and_read_whole_only_to_repeat_it(
+    database: db.Database,
+) -> None:
+    """The latest event of an object is compared with a new one by what its stored document
+    says (a message left out says ""), and validated only when the new one repeats it: one
+    that no longer validates (a hand edit) keeps no event from being recorded, a repeat of it
+    being recorded as a new one."""
+    a, b = _create(database, make_job("a").build(), make_job("b").build())
+    with database.write() as session:
+        writer = store.Store(session)
+        writer.record_events([store.Occurrence(a, "Scheduled"), store.Occurrence(b, "Started")])
+    table = tables.table_of(event.Event.KIND)
+    with database.write() as session:
+        for row in session.execute(sqlalchemy.select(table.c.name, table.c.spec)).all():
+            spec = row.spec if isinstance(row.spec, dict) else json.loads(row.spec)
+            spec.pop("message")  # as a document written without it
+            if spec["reason"] == "Started":
+                spec["count"] = 0  # no longer valid
+            edit = sqlalchemy.update(table).where(table.c.name == row.name).values(spec=spec)
+            session.execute(edit)
+    with database.write() as session:
+        store.Store(session).record_events(
+            [store.Occurrence(a, "Scheduled", ""), store.Occurrence(b, "Started")]
+        )
+    with database.write() as session:
+        store.Store(session).record_events([store.Occurrence(b, "Completed")])
+    with database.read() as session:
+        reader = store.Store(session)
+        assert [(e.spec.reason, e.spec.count) for e in reader.events_for(a)] == [("Scheduled", 2)]
+        with pytest.raises(errors.StoredInvalid):
+            reader.events_for(b)  # the edited one does not validate: read as it is stored
+    query = sqlalchemy.select(table.c.spec).where(table.c.involved_uid == b.metadata.uid)
+    with database.read() as session:
+        rows = session.execute(query.order_by(table.c.created_at)).scalars().all()
+    specs = [spec if isinstance(spec, dict) else json.loads(spec) for spec in rows]
+    assert [(spec["reason"], spec.get("count")) for spec in specs] == [
+        ("Started", 0),
+        ("Started", 1),
+        ("Completed", 1),
+    ]
 
 
 def test_write_back_writes_metadata_and_status_of_many_and_refuses_a_stale_one(
