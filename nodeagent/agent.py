@@ -186,7 +186,9 @@ class Agent:
         skipped: list[errors.StoredInvalid] = []
         with self.db.read() as session:
             reader = store.Store(session)
-            bindings = reader.active_bindings(self.name, _SYNCED_PHASES, skipped=skipped)
+            # Validated once per version: most of them are as the last pass read them. Shared
+            # objects, never changed here: a pass writes copies.
+            bindings = reader.shared_bindings_on(self.name, _SYNCED_PHASES, skipped=skipped)
             # What their attempts hold, for the pass to fail closed on while they run here
             unread = {i.uid: _gpus_as_stored(reader, i) for i in skipped}
         for invalid in skipped:  # left alone, its attempt too: said once a minute

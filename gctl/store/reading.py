@@ -158,6 +158,18 @@ class Reads(revisions.Revisions):
         """`active_bindings()` by a shared read: read them, never change them (copy first)."""
         return shared.objects(self.execute, binding.Binding, _active())
 
+    def shared_bindings_on(
+        self,
+        node_name: str,
+        phases: frozenset[str],
+        *,
+        skipped: list[errors.StoredInvalid] | None = None,
+    ) -> list[binding.Binding]:
+        """`active_bindings(node_name, phases, skipped=skipped)` by a shared read, sorted by
+        namespace and name: read them, never change them (copy first)."""
+        params = {"node": node_name, "phases": sorted(phases)}
+        return shared.objects(self.execute, binding.Binding, _on_node(), params, skipped)
+
     def find_many(self, cls: type[T], namespace: str, names: Sequence[str]) -> list[T]:
         """The named objects of one namespace that exist, sorted by name."""
         found: list[T] = []
@@ -297,6 +309,17 @@ def _named(cls: type[meta.Resource]) -> shared.Query:
 def _every(cls: type[meta.Resource]) -> shared.Query:
     table = tables.table_of(cls.KIND)
     return shared.query(cls, [], (table.c.namespace, table.c.name))
+
+
+@functools.cache
+def _on_node() -> shared.Query:
+    """The attempts on Node `node` whose phase is in the list `phases`, by namespace and name."""
+    table = tables.table_of(binding.Binding.KIND)
+    where = [
+        table.c.node == bindparam("node"),
+        table.c.phase.in_(bindparam("phases", expanding=True)),
+    ]
+    return shared.query(binding.Binding, where, (table.c.namespace, table.c.name))
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Executable, Result, Select, bindparam, select
 
-from gctl.api import meta
+from gctl.api import errors, meta
 from gctl.store import listing, stored, tables
 
 T = TypeVar("T", bound=meta.Resource)
@@ -90,17 +90,30 @@ def note(change_type: str, uid: str, revision: int, wire: dict[str, Any]) -> Non
 
 
 def objects(
-    execute: Execute, cls: type[T], read: Query, params: Mapping[str, Any] | None = None
+    execute: Execute,
+    cls: type[T],
+    read: Query,
+    params: Mapping[str, Any] | None = None,
+    skipped: list[errors.StoredInvalid] | None = None,
 ) -> list[T]:
-    """The objects `read` finds, in its order, validated once per version."""
+    """The objects `read` finds, in its order, validated once per version. One that does not
+    validate raises StoredInvalid, or with `skipped` goes there (and is validated again at
+    the next read)."""
     found = []
     for w in wires(execute, cls, read, params):
         uid, version = w["metadata"]["uid"], int(w["metadata"]["resourceVersion"])
         cached = _VALIDATED.get(uid)
         if cached is None or cached[0] != version:
+            try:
+                valid = stored.validated(cls, w)
+            except errors.StoredInvalid as exc:
+                if skipped is None:
+                    raise
+                skipped.append(exc)
+                continue
             if len(_VALIDATED) >= MAX_KEPT:
                 _VALIDATED.clear()
-            cached = _VALIDATED[uid] = (version, stored.validated(cls, w))
+            cached = _VALIDATED[uid] = (version, valid)
         found.append(cached[1])
     return found  # type: ignore[return-value]  # validated as `cls`, under its uid
 

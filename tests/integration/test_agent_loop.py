@@ -94,9 +94,13 @@ def _bind(
 
 
 def _spoil(database: db.Database, bound: binding.Binding, **spec: object) -> None:
-    """The attempt's Binding as an older gctl or a hand edit leaves it: it does not validate."""
+    """The attempt's Binding as an older gctl or a hand edit leaves it: it does not validate.
+    A new resourceVersion, as a hand edit must write (the agent reads a row once a version)."""
     wire = bound.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    corrupt(database, "Binding", bound.name, spec=wire | spec)
+    with database.read() as session:
+        (row,) = store.Store(session).list_wire(binding.Binding, names=[bound.name])
+    version = int(row["metadata"]["resourceVersion"]) + 1000
+    corrupt(database, "Binding", bound.name, spec=wire | spec, resource_version=version)
 
 
 def _phase_here(node_agent: agent.Agent, bound: binding.Binding) -> str:

@@ -17,7 +17,7 @@ import sqlalchemy
 
 from gctl.api import errors, event, job, kinds, meta, pool, queue
 from gctl.store import db, driver, feed, locations, shared, store, tables
-from tests.builders import make_job
+from tests.builders import corrupt, make_job
 
 
 def _create(database: db.Database, *jobs: job.Job) -> list[job.Job]:
@@ -537,6 +537,54 @@ def test_shared_reads_follow_every_version_and_leave_out_what_stopped_matching(
     ]
     assert again[1] is not first[1]  # a new version: validated again
     assert unchanged[0]["status"]["phase"] == "Scheduled"
+
+
+def test_a_nodes_bindings_by_a_shared_read_are_validated_once_a_version_and_skip_the_invalid(
+    database: db.Database,
+) -> None:
+    """What an agent reads at every pass: its node's Bindings in some phases, as
+    `active_bindings` reads them; an unchanged one is the object the last read validated, a
+    changed one is validated again, and one that does not validate goes to `skipped` (and is
+    looked at again next time: fixed, it is read)."""
+    from gctl.api import binding
+
+    def attempt(name: str, node: str) -> binding.Binding:
+        spec = binding.BindingSpec(job_name=name, job_uid=name, attempt=1, node=node, gpus=[0])
+        return binding.Binding(metadata=meta.ObjectMeta(name=name), spec=spec)
+
+    phases = frozenset({"Pending", "Running"})
+    with database.write() as session:
+        writer = store.Store(session)
+        c, a, _, done = writer.create_many(
+            [attempt("c", "n1"), attempt("a", "n1"), attempt("other", "n2"), attempt("d", "n1")]
+        )
+        done.status.phase = "Exited"
+        writer.update_status(done)
+
+    def read() -> tuple[list[binding.Binding], list[errors.StoredInvalid]]:
+        skipped: list[errors.StoredInvalid] = []
+        with database.read() as session:
+            reader = store.Store(session)
+            found = reader.shared_bindings_on("n1", phases, skipped=skipped)
+            own = reader.active_bindings("n1", phases, skipped=[])
+            assert [b.name for b in found] == sorted(b.name for b in own)
+        return found, skipped
+
+    first, _ = read()
+    assert [b.name for b in first] == ["a", "c"]
+    c.status.phase = "Running"
+    with database.write() as session:
+        store.Store(session).update_status(c)
+    again, _ = read()
+    assert again[0] is first[0]  # unchanged: not validated again
+    assert (again[1] is first[1], again[1].status.phase) == (False, "Running")
+    corrupt(database, "Binding", "a", spec={"gpus": "lots"}, resource_version=99)
+    skipping, skipped = read()
+    assert [b.name for b in skipping] == ["c"]
+    assert [i.key[2] for i in skipped] == ["a"]
+    corrupt(database, "Binding", "a", spec=a.wire()["spec"], resource_version=100)
+    fixed, _ = read()
+    assert [b.name for b in fixed] == ["a", "c"]
 
 
 def test_each_change_carries_the_document_its_row_holds_at_that_version(
