@@ -650,18 +650,41 @@ def record_exit(attempt_dir: Path, document: dict[str, Any], lock_fd: int | None
     ring(attempt_dir)
 
 
+class _ErrorFile:
+    """A forked supervisor's `sys.stderr`: `supervisor.err` in its attempt's directory, made at
+    its first write. Nearly every supervisor writes nothing, and a file made for each was one
+    of the ten an attempt made (on an ext4 without a journal, the file system of the machine
+    the benchmarks run on, making a file took a millisecond of the kernel's time beside files
+    recently removed). What only the interpreter's C code writes (a fatal error) is lost."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file: Any = None
+
+    def write(self, text: str) -> int:
+        if self._file is None:
+            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            # Kept open for the rest of this short life; os._exit ends it.
+            self._file = open(fd, "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+        written: int = self._file.write(text)
+        self._file.flush()
+        return written
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+
 def _forked(attempt_dir: Path, server: socket.socket, lock_fd: int | None) -> int:
     """In the child of the fork server: become an independent supervisor of `attempt_dir`."""
     server.close()
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server ignores it; waiting needs it
     null = os.open(os.devnull, os.O_RDWR)
-    error = os.open(attempt_dir / "supervisor.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.dup2(error, 2)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
     os.close(null)
-    os.close(error)
+    sys.stderr = _ErrorFile(attempt_dir / "supervisor.err")
     return supervise(attempt_dir, lock_fd)
 
 

@@ -99,6 +99,21 @@ def test_a_supervisor_that_fails_before_the_job_starts_reports_its_error(
     assert "JSONDecodeError" in (state.message or "")
 
 
+def test_a_forked_supervisor_that_says_nothing_makes_no_error_file(
+    node: runtime.Runtime,
+) -> None:
+    """`supervisor.err` is made at its first write: an attempt whose supervisor wrote nothing
+    (most) has none, one file fewer to make and remove for each."""
+    launch_script(node, "warm-up", "true")  # the next ones come from the fork server
+    until(lambda: node.state("warm-up").phase == "exited", "the warm-up to end")
+    launch_script(node, "quiet", "echo to the log; echo to its stderr >&2; exit 3")
+    until(lambda: node.state("quiet").phase == "exited", "the attempt to end")
+    assert node.state("quiet").exit_code == 3
+    assert not (node.attempts_dir / "quiet" / "supervisor.err").exists()
+    log = node.log_path("default", "quiet", "job-uid", 1).read_text()
+    assert log == "to the log\nto its stderr\n"
+
+
 def test_a_command_with_a_nul_byte_cannot_start_and_says_why(node: runtime.Runtime) -> None:
     launch_script(node, "nul", "echo a\0b")
     until(lambda: node.state("nul").phase == "exited", "the attempt to end")
