@@ -75,6 +75,9 @@ class State:
     success_path: str | None = None  # that file, resolved as the job's working directory does
 
 
+MAX_ENDED_KEPT = 10_000  # ended attempts' states kept; emptied when full
+
+
 class Runtime:
     def __init__(self, state_dir: Path) -> None:
         self.attempts_dir = state_dir / "attempts"
@@ -87,6 +90,9 @@ class Runtime:
         # `settle` once they end.
         self._direct: list[subprocess.Popen[bytes]] = []
         self._tidier = _Tidier(state_dir / "trash")
+        # The states read from an exit record, by uid: a record that never changes, read at
+        # each pass (and for the attempts bound after it) until the attempt is forgotten.
+        self._ended: dict[str, State] = {}
 
     def close(self) -> None:
         """Stop the fork server and the tidier. Supervisors keep running; those started in a
@@ -120,6 +126,8 @@ class Runtime:
         return sorted(p.name for p in self.attempts_dir.iterdir() if p.is_dir())
 
     def state(self, uid: str) -> State:
+        if (ended := self._ended.get(uid)) is not None:
+            return ended
         # Paths as strings: the agent asks every attempt's state at every pass, and pathlib's
         # joins took a third of it.
         directory = os.path.join(self._attempts, uid)
@@ -138,7 +146,9 @@ class Runtime:
             stopped = bool(exit_record.get("stopped"))
             stop = os.path.join(directory, supervisor.STOP)
             request = (supervisor.read_json(stop) or {}) if stopped else {}
-            return State(
+            if len(self._ended) >= MAX_ENDED_KEPT:
+                self._ended.clear()
+            state = self._ended[uid] = State(
                 "exited",
                 pid=pid,
                 started=started,
@@ -151,6 +161,7 @@ class Runtime:
                 success_path=exit_record.get("successFilePath"),
                 finished=_seconds(exit_record.get("finished")),
             )
+            return state
         if alive:
             if pid_record is None and os.path.exists(os.path.join(directory, supervisor.ARMED)):
                 return State("armed")
@@ -187,6 +198,7 @@ class Runtime:
     def prepare(self, launch: Launch) -> None:
         """Write what `launch` needs on disk ahead of it (the attempt stays absent until it is
         launched): `launch(prepared=True)` then only starts the supervisor."""
+        self._ended.pop(launch.uid, None)
         directory = self.attempts_dir / launch.uid
         try:
             directory.mkdir(mode=0o700)
@@ -323,6 +335,7 @@ class Runtime:
         """Remove a finished attempt's directory (its log stays): moved out of `attempts` at
         once, so the attempt is absent from then on, and removed by the tidier."""
         self._tidier.remove(self.attempts_dir / uid)
+        self._ended.pop(uid, None)
 
 
 def _note_armed_pid(directory: Path, pid: int) -> None:

@@ -99,6 +99,23 @@ def test_a_supervisor_that_fails_before_the_job_starts_reports_its_error(
     assert "JSONDecodeError" in (state.message or "")
 
 
+def test_an_attempt_forgotten_and_launched_again_reports_its_new_end(
+    node: runtime.Runtime,
+) -> None:
+    """An ended attempt's state is read from its exit record once and kept (the record never
+    changes), until the attempt is forgotten: launched again under its uid (an armed one
+    given back and started anew), it reports how the new run ended, not the old one."""
+    launch_script(node, "again", "exit 3")
+    until(lambda: node.state("again").phase == "exited", "the first run to end")
+    assert node.state("again").exit_code == 3
+    assert node.state("again") is node.state("again")  # kept, not read again
+    node.forget("again")
+    assert node.state("again").phase == "absent"
+    launch_script(node, "again", "exit 5")
+    until(lambda: node.state("again").phase == "exited", "the second run to end")
+    assert node.state("again").exit_code == 5
+
+
 def test_a_forked_supervisor_that_says_nothing_makes_no_error_file(
     node: runtime.Runtime,
 ) -> None:
