@@ -90,6 +90,32 @@ def _launch_env(bound: binding.Binding, env: dict[str, str], tmp_path: Path) -> 
         node.close()
 
 
+def test_a_job_starts_from_the_agents_environment_as_the_agent_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copied once, when the agent's settings are made (copying `os.environ` at every launch
+    decoded each variable again); the Job's `env` over it, gctl's own over both."""
+    monkeypatch.setenv("FROM_THE_SHELL", "yes")
+    monkeypatch.setenv("GCTL_NODE", "set-by-someone")
+    settings = launches.Settings("node-1", 30.0, None, 0.0)
+    monkeypatch.setenv("SET_LATER", "no")
+    owner = make_job("j").in_namespace("default").build()
+    owner.spec.env = {"FROM_THE_SHELL": "overridden"}
+    node = runtime.Runtime(tmp_path / "state")
+    try:
+        first = launches.launch_for(node, settings, make_binding("j", "n", [0]), owner).env
+        again = launches.launch_for(node, settings, make_binding("j", "n", [1]), owner).env
+    finally:
+        node.close()
+    assert (first["FROM_THE_SHELL"], first["GCTL_NODE"], "SET_LATER" in first) == (
+        "overridden",
+        "node-1",
+        False,
+    )
+    assert (first["CUDA_VISIBLE_DEVICES"], again["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    assert settings.environ["FROM_THE_SHELL"] == "yes"  # the launches changed no shared copy
+
+
 def _member(rank: int, members: list[str], **spec: object) -> binding.Binding:
     bound = make_binding("j", members[rank], [0, 1])
     bound.spec = bound.spec.model_copy(update={"rank": rank, "members": members, **spec})
