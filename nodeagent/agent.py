@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gctl.api import binding, errors, failures, meta, node
-from gctl.store import db, feed, notify, store
+from gctl.store import db, feed, notify, shared, store
 from nodeagent import gpus as gpu_backends
 from nodeagent import heartbeat, launches, logserver, ownership, passes, runtime, supervisor
 
@@ -83,6 +83,7 @@ class Agent:
         self._closed: tuple[int, set[int] | None] | None = None
         self._spec_unread: str | None = None  # the Node's spec that does not validate, as said
         self._node_changes = 0
+        self._read_uids: set[str] = set()  # the Bindings the last pass read (`sync`)
         self._untidy: set[str] = set()  # ended attempts, unbound, whose directories remain
         # Revisions of this agent's own reports: the feed need not wake the loop for them.
         self._written: set[int] = set()
@@ -191,6 +192,11 @@ class Agent:
             bindings = reader.shared_bindings_on(self.name, _SYNCED_PHASES, skipped=skipped)
             # What their attempts hold, for the pass to fail closed on while they run here
             unread = {i.uid: _gpus_as_stored(reader, i) for i in skipped}
+        # Those that left the read (ended, deleted) are not read again: not kept either, as
+        # no change feed tells this process's cache to drop them.
+        read = {b.metadata.uid or "" for b in bindings}
+        shared.forget(self._read_uids - read)
+        self._read_uids = read
         for invalid in skipped:  # left alone, its attempt too: said once a minute
             self._failures.failed(f"binding {invalid.key[2]}", invalid)
         bindings.sort(key=lambda b: (binding.queued(b.spec, b.status), _created(b)))

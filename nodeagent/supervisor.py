@@ -657,22 +657,30 @@ class _ErrorFile:
     the benchmarks run on, making a file took a millisecond of the kernel's time beside files
     recently removed). What only the interpreter's C code writes (a fatal error) is lost."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, directory: int) -> None:
+        # The attempt's directory, held open: the file is made in it even once the agent has
+        # moved it into the trash (a write at the very end), never in a new attempt's made
+        # under the same name.
+        self._directory = directory
+        # Two threads' first writes make one file; reentrant, for a signal's handler's write.
+        self._lock = threading.RLock()
         self._file: Any = None
 
     def write(self, text: str) -> int:
-        if self._file is None:
-            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            # Kept open for the rest of this short life; os._exit ends it.
-            self._file = open(fd, "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
-        written: int = self._file.write(text)
-        self._file.flush()
+        with self._lock:
+            if self._file is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                fd = os.open("supervisor.err", flags, 0o600, dir_fd=self._directory)
+                # Kept open for the rest of this short life; os._exit ends it.
+                self._file = open(fd, "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+            written: int = self._file.write(text)
+            self._file.flush()
         return written
 
     def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
 
 
 def _forked(attempt_dir: Path, server: socket.socket, lock_fd: int | None) -> int:
@@ -680,11 +688,12 @@ def _forked(attempt_dir: Path, server: socket.socket, lock_fd: int | None) -> in
     server.close()
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server ignores it; waiting needs it
+    directory = os.open(attempt_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
-    sys.stderr = _ErrorFile(attempt_dir / "supervisor.err")
+    sys.stderr = _ErrorFile(directory)
     return supervise(attempt_dir, lock_fd)
 
 

@@ -67,6 +67,8 @@ class EventLog:
             last = {row.involved_uid: row for row in rows}  # the last one of each object
             for uid, row in last.items():  # decoded alone: a Job has several events
                 spec = listing.document(row.spec, jsontext.loads_of(event.Event.KIND))
+                if not isinstance(spec, dict):  # a hand edit: it repeats nothing
+                    continue
                 said = (spec.get("type", "Normal"), spec.get("reason"), spec.get("message", ""))
                 self._latest[uid] = _Stored(said, row._mapping)
 

@@ -4,12 +4,13 @@ The scheduler reads the whole queue, every Node and every attempt holding GPUs a
 and decoding those rows cost more than the rest of its work. A shared read asks for uid and
 resourceVersion first and decodes (and, for objects, validates) only the rows it has not seen
 in that version. What it returns is shared by the process's Stores: read it, never change it
-(copy first). The Store's `pending_wires`, `shared_wires`, `shared_objects` and
-`shared_active_bindings` are the ways in (docs/decisions.md); a daemon that follows the change
-feed hands it what the feed decoded (`note`).
+(copy first). The Store's `pending_wires`, `shared_wires`, `shared_objects`,
+`shared_active_bindings` and `shared_bindings_on` are the ways in (docs/decisions.md); a daemon
+that follows the change feed hands it what the feed decoded (`note`), and one that does not
+drops what it will not read again (`forget`).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,6 +88,15 @@ def note(change_type: str, uid: str, revision: int, wire: dict[str, Any]) -> Non
     if len(_DECODED) >= MAX_KEPT:
         _DECODED.clear()
     _DECODED[uid] = (revision, wire)
+
+
+def forget(uids: Iterable[str]) -> None:
+    """Drop what is kept of these objects: for a reader that knows they no longer match what it
+    reads again and again (the agent, its node's Bindings that ended), which nothing else would
+    drop but the cache filling up."""
+    for uid in uids:
+        _DECODED.pop(uid, None)
+        _VALIDATED.pop(uid, None)
 
 
 def objects(

@@ -51,21 +51,26 @@ def test_a_job_bound_after_one_whose_binding_does_not_validate_waits_for_its_end
     cluster: Cluster, gctl: Gctl, database: db.Database
 ) -> None:
     """x1's Binding is spoilt; y1 is bound ahead behind it on GPU 0 (the scheduler validated x1
-    in its last pass, and the edit changed no version). The agent cannot read x1, but x1 runs:
-    y1 waits until it ends, rather than join it on its GPU."""
+    in its last pass, and the edit changed no version, so it keeps what it read). An agent
+    started after the edit cannot read x1 (the one before kept what it read, as the scheduler
+    does), but x1 runs: y1 waits until it ends, rather than join it on its GPU."""
     cluster.controller()
-    cluster.agent("n1", gpus=2, fence=FENCE)
+    cluster.agent("n1", gpus=2, fence=30)  # its jobs outlive the restart below
     pids = _sleepers(gctl, ("x1", 0), ("x2", 1))
     apply_job(gctl, "big", "true", resources={"gpus": 4})  # never fits: a pass reads x1
     wait_for(lambda: _waits(gctl, "big"), "a scheduling pass")
     spec = _attempt(gctl, "x1-1")["spec"]
     corrupt(database, "Binding", "x1-1", spec=spec | {"bogus": 1})
+    cluster.kill("n1", signal.SIGTERM)
+    cluster.agent("n1", gpus=2, fence=30)
     apply_job(gctl, "y1", "sleep 600", placement={"gpus": [0]})
     wait_for(lambda: gctl("get", "binding", "y1-1").code == 0, "y1 to be bound")
     assert _attempt(gctl, "y1-1")["spec"]["after"] == [_attempt(gctl, "x1-1")["metadata"]["uid"]]
     time.sleep(3)  # many agent passes
     assert job(gctl, "y1")["status"]["phase"] == "Scheduled"
     assert alive(pids["x1"])
+    said = 'binding "x1-1" in namespace "default" as stored does not validate (spec.bogus'
+    assert said in (cluster.tmp / "n1.log").read_text()  # the restarted agent could not read it
     os.kill(pids["x1"], signal.SIGKILL)
     wait_for(phase_is(gctl, "y1", "Running"), "y1 to start once x1 ended")
 

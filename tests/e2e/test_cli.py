@@ -1791,7 +1791,8 @@ def test_describe_shows_the_events_that_validate_and_names_one_that_does_not(
         writer.record_events([store.Occurrence(b, "Started"), store.Occurrence(b, "Noted")])
     table_ = tables.table_of(event.Event.KIND)
     with database.write() as session:
-        for name, stored in session.execute(sqlalchemy.select(table_.c.name, table_.c.spec)):
+        rows = session.execute(sqlalchemy.select(table_.c.name, table_.c.spec)).all()
+        for name, stored in rows:
             spec = stored if isinstance(stored, dict) else json.loads(stored)
             if spec["reason"] == "Started":
                 edit = sqlalchemy.update(table_).where(table_.c.name == name)

@@ -16,7 +16,7 @@ import sqlalchemy
 
 from controller import scheduling
 from gctl.api import binding, errors, node
-from gctl.store import db, store, tables
+from gctl.store import db, shared, store, tables
 from nodeagent import agent, gpus
 from tests.builders import bind_first_attempt, corrupt, make_job, stored
 
@@ -117,6 +117,25 @@ def _end(node_agent: agent.Agent, bound: binding.Binding) -> None:
     while _phase_here(node_agent, bound) != "exited":
         assert time.monotonic() < deadline, f"{bound.name} did not end"
         time.sleep(0.05)
+
+
+def test_the_agent_keeps_only_the_bindings_it_still_reads(
+    database: db.Database, n1: agent.Agent
+) -> None:
+    """Its node's Bindings are read by a shared read, kept from pass to pass; one that ended
+    leaves the read, and what was kept of it goes too (no change feed drops it in the agent's
+    process: a long-lived agent would otherwise keep every attempt it ever ran)."""
+    x1, x2 = _bind(database, "x1", 0), _bind(database, "x2", 1)
+    n1.sync()
+    kept = {uid for uid in (x1.metadata.uid, x2.metadata.uid) if uid in shared._VALIDATED}
+    assert kept == {x1.metadata.uid, x2.metadata.uid}
+    _end(n1, x1)
+    n1.sync()  # reports x1 Exited
+    n1.sync()  # reads it no more
+    assert stored(database, binding.Binding, "x1-1").status.phase == "Exited"
+    assert x1.metadata.uid not in shared._VALIDATED
+    assert x1.metadata.uid not in shared._DECODED
+    assert x2.metadata.uid in shared._VALIDATED
 
 
 def test_an_attempt_bound_after_one_whose_binding_does_not_validate_waits_for_it(

@@ -239,6 +239,19 @@ def test_a_stored_latest_event_is_compared_as_stored_and_read_whole_only_to_repe
                 spec["count"] = 0  # no longer valid
             edit = sqlalchemy.update(table).where(table.c.name == row.name).values(spec=spec)
             session.execute(edit)
+    c, *_ = _create(database, make_job("c").build())
+    with database.write() as session:
+        store.Store(session).record_event(c, "Scheduled")
+    with database.write() as session:
+        involved = sqlalchemy.update(table).where(table.c.involved_uid == c.metadata.uid)
+        session.execute(involved.values(spec=["not", "a", "mapping"]))
+    with database.write() as session:
+        store.Store(session).record_event(c, "Scheduled")  # recorded beside it
+    with database.read() as session:
+        beside = sqlalchemy.select(sqlalchemy.func.count()).where(
+            table.c.involved_uid == c.metadata.uid
+        )
+        assert session.execute(beside).scalar_one() == 2
     with database.write() as session:
         store.Store(session).record_events(
             [store.Occurrence(a, "Scheduled", ""), store.Occurrence(b, "Started")]
