@@ -67,6 +67,10 @@ class _Pass:
 
     bindings: list[binding.Binding]
     owners: dict[Key, job.Job]
+    # When the attempts it starts start: one moment for all, as the members of a multi-node
+    # attempt start together (read one by one, a loaded host had them start milliseconds, so
+    # at a time scale of 1,000 trace seconds, apart, and the replay count the gap on every GPU).
+    now: datetime
     reports: list[binding.Binding] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)  # uids whose Exited report is in `reports`
     # Uids of the Bindings read that are bound and not started (Pending or Starting): worked
@@ -272,7 +276,7 @@ class VirtualAgent:
                 for namespace, names in _by_namespace(starting)
                 for w in reader.list_wire(job.Job, namespace, names=names)
             }
-        return _Pass(mine, owners)
+        return _Pass(mine, owners, self.clock())
 
     def _sync_one(self, bound: binding.Binding, work: _Pass) -> None:
         uid = bound.metadata.uid or ""
@@ -334,7 +338,7 @@ class VirtualAgent:
                 finish_time=self.clock(),
             )
             return None
-        started = bound.status.start_time or self.clock()
+        started = bound.status.start_time or work.now
         return self._schedule(bound, started, seconds, code)
 
     def _waits(self, bound: binding.Binding, work: _Pass) -> bool:

@@ -66,11 +66,12 @@ def test_a_job_bound_after_one_whose_binding_does_not_validate_waits_for_its_end
     apply_job(gctl, "y1", "sleep 600", placement={"gpus": [0]})
     wait_for(lambda: gctl("get", "binding", "y1-1").code == 0, "y1 to be bound")
     assert _attempt(gctl, "y1-1")["spec"]["after"] == [_attempt(gctl, "x1-1")["metadata"]["uid"]]
+    said = 'binding "x1-1" in namespace "default" as stored does not validate (spec.bogus'
+    log = cluster.tmp / "n1.log"
+    wait_for(lambda: said in log.read_text(), "the restarted agent to find x1 unreadable")
     time.sleep(3)  # many agent passes
     assert job(gctl, "y1")["status"]["phase"] == "Scheduled"
     assert alive(pids["x1"])
-    said = 'binding "x1-1" in namespace "default" as stored does not validate (spec.bogus'
-    assert said in (cluster.tmp / "n1.log").read_text()  # the restarted agent could not read it
     os.kill(pids["x1"], signal.SIGKILL)
     wait_for(phase_is(gctl, "y1", "Running"), "y1 to start once x1 ended")
 

@@ -101,6 +101,37 @@ def test_an_attempt_runs_for_its_scaled_duration(database: db.Database) -> None:
     assert done.finish_time == START + timedelta(seconds=3)
 
 
+class TickingTime(FakeTime):
+    """A loaded host: every reading of the wall clock is 10 ms later than the one before."""
+
+    def wall(self) -> datetime:
+        self.seconds += 0.01
+        return super().wall()
+
+
+def test_the_attempts_a_pass_starts_start_at_one_moment(database: db.Database) -> None:
+    """As the members of a multi-node attempt start together: read one by one, a loaded host
+    had them start apart, and a replay at a time scale of 1,000 counted the gap, in trace
+    seconds, on each of their GPUs."""
+    clock = TickingTime()
+    agent = make_agent(database, clock)
+    with database.write() as session:
+        writer = store.Store(session)
+        for name, node_name in (("a", "vnode-0001"), ("b", "vnode-0002")):
+            annotations = {virtual.DURATION_ANNOTATION: "30"}
+            owner = writer.create(
+                job.Job(
+                    metadata=meta.ObjectMeta(name=name, annotations=annotations),
+                    spec=job.JobSpec(command="true"),
+                )
+            )
+            bind_first_attempt(writer, owner, node_name, [0], [])
+    step(agent)
+    a, b = attempt(database, "a"), attempt(database, "b")
+    assert (a.phase, b.phase) == ("Running", "Running")
+    assert a.start_time == b.start_time
+
+
 def test_a_stop_request_ends_the_attempt_as_sigterm_would(database: db.Database) -> None:
     clock = FakeTime()
     agent = make_agent(database, clock)
