@@ -67,10 +67,14 @@ class _Pass:
 
     bindings: list[binding.Binding]
     owners: dict[Key, job.Job]
-    # When the attempts it starts start: one moment for all, as the members of a multi-node
-    # attempt start together (read one by one, a loaded host had them start milliseconds, so
-    # at a time scale of 1,000 trace seconds, apart, and the replay count the gap on every GPU).
+    # The pass is one moment, on the wall clock and the monotonic one: the attempts it starts
+    # start then, together, as the members of a multi-node attempt do (read one by one, a
+    # loaded host had them start milliseconds, so at a time scale of 1,000 trace seconds, apart,
+    # and the replay count the gap on every GPU); an attempt ends in it if its end is due by
+    # then, and a stop ends one then, so that an attempt bound after it never starts before it
+    # ended.
     now: datetime
+    mono: float
     reports: list[binding.Binding] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)  # uids whose Exited report is in `reports`
     # Uids of the Bindings read that are bound and not started (Pending or Starting): worked
@@ -276,7 +280,7 @@ class VirtualAgent:
                 for namespace, names in _by_namespace(starting)
                 for w in reader.list_wire(job.Job, namespace, names=names)
             }
-        return _Pass(mine, owners, self.clock())
+        return _Pass(mine, owners, self.clock(), self.monotonic())
 
     def _sync_one(self, bound: binding.Binding, work: _Pass) -> None:
         uid = bound.metadata.uid or ""
@@ -295,9 +299,9 @@ class VirtualAgent:
             sim = self._adopt_or_start(bound, work)
             if sim is None:
                 return
-        if bound.spec.stop_reason and sim.stop_reason is None and sim.due > self.monotonic():
-            self._stop(sim, bound.spec.stop_reason)
-        if sim.due <= self.monotonic():
+        if bound.spec.stop_reason and sim.stop_reason is None and sim.due > work.mono:
+            self._stop(sim, bound.spec.stop_reason, work)
+        if sim.due <= work.mono:
             self._report_exit(bound, sim, work)
             work.ended.append(uid)
         elif phase != "Running":
@@ -372,9 +376,9 @@ class VirtualAgent:
         heapq.heappush(self._timers, (due, bound.metadata.uid or ""))
         return sim
 
-    def _stop(self, sim: Simulated, reason: str) -> None:
+    def _stop(self, sim: Simulated, reason: str, work: _Pass) -> None:
         """The controller asked for a stop: the job dies now, as a process does on SIGTERM."""
-        sim.finish, sim.due = self.clock(), self.monotonic()
+        sim.finish, sim.due = work.now, work.mono
         sim.exit_code, sim.signal, sim.stop_reason = SIGTERM_EXIT, "SIGTERM", reason
 
     def _report_exit(self, bound: binding.Binding, sim: Simulated, work: _Pass) -> None:

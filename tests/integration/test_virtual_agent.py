@@ -132,6 +132,30 @@ def test_the_attempts_a_pass_starts_start_at_one_moment(database: db.Database) -
     assert a.start_time == b.start_time
 
 
+def test_an_attempt_bound_after_one_stopped_in_the_same_pass_starts_once_it_ended(
+    database: db.Database,
+) -> None:
+    """The pass is one moment: the stop ends the first then, and the second starts then, never
+    before the first's end (with the clock read at each step, a loaded host had the second
+    start before the first's recorded end)."""
+    clock = TickingTime()
+    agent = make_agent(database, clock)
+    first = bind(database, "first", {virtual.DURATION_ANNOTATION: "1e6"})
+    bind(database, "second", {virtual.DURATION_ANNOTATION: "10"}, after=[first])
+    step(agent)
+    with database.write() as session:
+        writer = store.Store(session)
+        current = writer.get(binding.Binding, "first-1", "default")
+        current.spec.stop_reason = binding.STOP_PREEMPTED
+        writer.update(current)
+    step(agent)
+    ended, started = attempt(database, "first"), attempt(database, "second")
+    assert (ended.phase, started.phase) == ("Exited", "Running")
+    assert ended.finish_time is not None
+    assert started.start_time is not None
+    assert started.start_time >= ended.finish_time
+
+
 def test_a_stop_request_ends_the_attempt_as_sigterm_would(database: db.Database) -> None:
     clock = FakeTime()
     agent = make_agent(database, clock)
