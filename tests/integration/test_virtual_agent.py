@@ -60,6 +60,15 @@ def attempt(database: db.Database, name: str) -> binding.BindingStatus:
         return store.Store(session).get(binding.Binding, f"{name}-1", "default").status
 
 
+def ask_to_stop(database: db.Database, name: str) -> None:
+    """The scheduler asks the Job's attempt 1 to stop (preempted), as it writes it."""
+    with database.write() as session:
+        writer = store.Store(session)
+        current = writer.get(binding.Binding, f"{name}-1", "default")
+        current.spec.stop_reason = binding.STOP_PREEMPTED
+        writer.update(current)
+
+
 def step(agent: virtual.VirtualAgent) -> None:
     agent.resync()
     agent.sync()
@@ -143,11 +152,7 @@ def test_an_attempt_bound_after_one_stopped_in_the_same_pass_starts_once_it_ende
     first = bind(database, "first", {virtual.DURATION_ANNOTATION: "1e6"})
     bind(database, "second", {virtual.DURATION_ANNOTATION: "10"}, after=[first])
     step(agent)
-    with database.write() as session:
-        writer = store.Store(session)
-        current = writer.get(binding.Binding, "first-1", "default")
-        current.spec.stop_reason = binding.STOP_PREEMPTED
-        writer.update(current)
+    ask_to_stop(database, "first")
     step(agent)
     ended, started = attempt(database, "first"), attempt(database, "second")
     assert (ended.phase, started.phase) == ("Exited", "Running")
@@ -161,11 +166,7 @@ def test_a_stop_request_ends_the_attempt_as_sigterm_would(database: db.Database)
     agent = make_agent(database, clock)
     bind(database, "long", {virtual.DURATION_ANNOTATION: "1e6"})
     step(agent)
-    with database.write() as session:
-        writer = store.Store(session)
-        current = writer.get(binding.Binding, "long-1", "default")
-        current.spec.stop_reason = binding.STOP_PREEMPTED
-        writer.update(current)
+    ask_to_stop(database, "long")
     clock.seconds = 5
     step(agent)
     done = attempt(database, "long")
