@@ -121,17 +121,11 @@ class EventLog:
             .order_by(table.c.created_at.desc())
             .limit(limit)
         ).all()
-        found = []
-        for r in reversed(rows):
-            try:
-                found.append(
-                    stored.validated(event.Event, listing.row_to_wire(event.Event.INFO, r._mapping))
-                )
-            except errors.StoredInvalid as exc:
-                if skipped is None:
-                    raise
-                skipped.append(exc)
-        return found
+        found = (
+            stored.validated_or_skipped(event.Event, _wire(r._mapping), skipped)
+            for r in reversed(rows)
+        )
+        return [e for e in found if e is not None]
 
 
 class _Stored(NamedTuple):
@@ -145,10 +139,11 @@ class _Stored(NamedTuple):
 def _whole(latest: _Stored) -> event.Event | None:
     """The stored event, validated; None if it does not validate (a hand edit): a repeat of
     it is then recorded as a new event, rather than failing the transaction that records it."""
-    try:
-        return stored.validated(event.Event, listing.row_to_wire(event.Event.INFO, latest.row))
-    except errors.StoredInvalid:
-        return None
+    return stored.validated_or_skipped(event.Event, _wire(latest.row), [])
+
+
+def _wire(row: Mapping[Any, Any]) -> dict[str, Any]:
+    return listing.row_to_wire(event.Event.INFO, row)
 
 
 def _said(latest: event.Event) -> tuple[str, str | None, str]:

@@ -209,15 +209,12 @@ class Reads(revisions.Revisions):
         One that no longer validates raises StoredInvalid, or with `skipped` goes there."""
         query = _active_bindings_query(node_name is not None)
         params = {"phases": sorted(phases), "node": node_name}
-        found = []
-        for row in self.execute(query, params).all():
-            try:
-                found.append(stored.validated(binding.Binding, row_to_wire(binding.Binding, row)))
-            except errors.StoredInvalid as exc:
-                if skipped is None:
-                    raise
-                skipped.append(exc)
-        return found
+        rows = self.execute(query, params).all()
+        found = (
+            stored.validated_or_skipped(binding.Binding, row_to_wire(binding.Binding, r), skipped)
+            for r in rows
+        )
+        return [b for b in found if b is not None]
 
     def any_queued_bindings(self) -> bool:
         """Whether some attempt is bound ahead and not started: not taken by its agent, or

@@ -114,12 +114,8 @@ def objects(
         uid, version = w["metadata"]["uid"], int(w["metadata"]["resourceVersion"])
         cached = _VALIDATED.get(uid)
         if cached is None or cached[0] != version:
-            try:
-                valid = stored.validated(cls, w)
-            except errors.StoredInvalid as exc:
-                if skipped is None:
-                    raise
-                skipped.append(exc)
+            valid = stored.validated_or_skipped(cls, w, skipped)
+            if valid is None:
                 continue
             if len(_VALIDATED) >= MAX_KEPT:
                 _VALIDATED.clear()

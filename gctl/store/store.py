@@ -372,8 +372,7 @@ class Store(reading.Reads):
         *,
         skipped: list[errors.StoredInvalid] | None = None,
     ) -> list[event.Event]:
-        """The object's latest events, oldest first; one that does not validate as stored
-        raises StoredInvalid, or with `skipped` goes there."""
+        """`EventLog.of`."""
         return self._events.of(involved, limit, skipped)
 
 

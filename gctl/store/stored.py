@@ -31,3 +31,17 @@ def validated(cls: type[T], wire: dict[str, Any], *, strict: bool = False) -> T:
             manifest.first_error(exc, ""),
             generation=metadata.get("generation"),
         ) from None
+
+
+def validated_or_skipped(
+    cls: type[T], wire: dict[str, Any], skipped: list[errors.StoredInvalid] | None
+) -> T | None:
+    """`validated`, for a reader that goes on past what does not validate: with `skipped`, the
+    error goes there and None comes back; without, it raises."""
+    try:
+        return validated(cls, wire)
+    except errors.StoredInvalid as exc:
+        if skipped is None:
+            raise
+        skipped.append(exc)
+        return None
