@@ -164,6 +164,7 @@ class Rig:
     state: Path
     log: Path
     proc: subprocess.Popen[bytes]
+    ready_cpu: float = 0.0  # CPU seconds `gctl up` used from its start to its node Ready
 
     def fail(self, what: str) -> BenchError:
         """An error naming what went wrong, with the tail of the daemons' log."""
@@ -235,8 +236,33 @@ def wait_ready(rig: Rig) -> None:
         if rig.proc.poll() is not None or time.perf_counter() > deadline:
             raise rig.fail(f"node {NODE} did not become Ready within {READY_TIMEOUT_S:g} s")
         time.sleep(0.1)
+    rig.ready_cpu = cpu_seconds(rig.proc.pid)
     create_jobs(rig.database, {"warm-up": "true"})
     wait_finished(rig, ["warm-up"], READY_TIMEOUT_S)
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of a process and its live descendants (/proc/PID/stat)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(times.get(pid, 0.0) for pid in tree)
 
 
 @contextmanager

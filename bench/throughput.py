@@ -22,6 +22,7 @@
   the transaction that writes the Jobs. Budget: at most twice as slow.
 - idle-60s: CPU seconds (user + system, the process and all its descendants, from
   /proc/PID/stat) that an idle `gctl up --fake-gpus 8` uses over 60 s, after one job ran.
+  Beside it, for information, those it used from its start to its node Ready (`start-cpu`).
 """
 
 import json
@@ -50,7 +51,6 @@ PACKING_TIMEOUT_S = 300.0
 GAP_BUDGET_MS = 10.0
 IDLE_WINDOW_S, IDLE_SETTLE_S, IDLE_BUDGET_S = 60.0, 5.0, 1.0
 DEEP_JOBS, DEEP_BEHIND, DEEP_SLOWER = 400, 10_000, 2.0
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def floor_seconds(jobs: int, workers: int) -> float:
@@ -75,11 +75,11 @@ def bench_throughput(ctx: Context) -> list[Result]:
     names = [f"true-{index:04d}" for index in range(THROUGHPUT_JOBS)]
     with job_benchmarks.daemons(ctx, "throughput-1000", THROUGHPUT_GPUS) as rig:
         progress(f"throughput-1000: {THROUGHPUT_JOBS} jobs of `true`...")
-        daemons, machine = cpu_seconds(rig.proc.pid), machine_cpu_seconds()
+        daemons, machine = job_benchmarks.cpu_seconds(rig.proc.pid), machine_cpu_seconds()
         start = time.perf_counter()
         job_benchmarks.create_jobs(rig.database, dict.fromkeys(names, "true"))
         job_benchmarks.wait_finished(rig, names, THROUGHPUT_TIMEOUT_S)
-        daemons = cpu_seconds(rig.proc.pid) - daemons
+        daemons = job_benchmarks.cpu_seconds(rig.proc.pid) - daemons
         machine = machine_cpu_seconds() - machine
         elapsed = max(rig.watcher.finished_at[n] for n in names) - start
     rate, floor_rate = THROUGHPUT_JOBS / elapsed, THROUGHPUT_JOBS / floor
@@ -242,30 +242,6 @@ def created(rig: job_benchmarks.Rig, names: list[str]) -> list[float]:
     ]
 
 
-def cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of a process and its live descendants (/proc/PID/stat)."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        times[pid] = (int(fields[11]) + int(fields[12])) / TICKS
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(times.get(pid, 0.0) for pid in tree)
-
-
 def machine_cpu_seconds() -> float:
     """CPU seconds the whole machine has used since boot (`attempts.machine_cpu`)."""
     return sum(attempts.machine_cpu())
@@ -276,12 +252,22 @@ def bench_idle(ctx: Context) -> list[Result]:
     with job_benchmarks.daemons(ctx, "idle-60s", 8) as rig:
         time.sleep(IDLE_SETTLE_S)  # the warm-up job's aftermath
         progress(f"idle-60s: measuring an idle gctl up for {IDLE_WINDOW_S:g} s...")
-        before = cpu_seconds(rig.proc.pid)
+        before = job_benchmarks.cpu_seconds(rig.proc.pid)
         time.sleep(IDLE_WINDOW_S)
-        used = cpu_seconds(rig.proc.pid) - before
+        used = job_benchmarks.cpu_seconds(rig.proc.pid) - before
         if rig.proc.poll() is not None:
             raise rig.fail("gctl up exited while idle")
-    return [Result("idle-60s", used, "s", IDLE_BUDGET_S, note="CPU seconds")]
+    return [
+        Result("idle-60s", used, "s", IDLE_BUDGET_S, note="CPU seconds"),
+        Result(
+            "idle-60s-start-cpu",
+            rig.ready_cpu,
+            "s",
+            None,
+            kind="info",
+            note="CPU seconds from gctl up's start to its node Ready (both its processes)",
+        ),
+    ]
 
 
 BENCHMARKS: dict[str, Callable[[Context], list[Result]]] = {

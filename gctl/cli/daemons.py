@@ -549,6 +549,12 @@ def up(
     syncs: "Sequence[syncer.Options]" = (),
 ) -> None:
     _logging()
+    # The agent's modules, and with them the Store, its models, SQLAlchemy and pydantic that
+    # the controller runs on as well, imported once, before the fork (imports open nothing
+    # and start no thread): each process importing them again cost a second of CPU at every
+    # start on a slow 2-core day.
+    from nodeagent import agent, gpus  # noqa: F401
+
     agent_process = _AgentProcess.fork(db_url, options)
     try:
         _run(
