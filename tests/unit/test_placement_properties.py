@@ -109,12 +109,9 @@ def _cap(shot: Snapshot, request: Request) -> int | None:
     return found.max_jobs_per_gpu if found else None
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(), queues())
-def test_no_gpu_is_over_committed_and_closed_gpus_take_nothing(
-    shot: Snapshot, requests: list[Request]
+def _no_gpu_is_over_committed_and_closed_gpus_take_nothing(
+    shot: Snapshot, result: placement.Plan
 ) -> None:
-    result = placement.plan(shot, requests, T0)
     gpus = {(g.node, g.index): g for g in shot.gpus}
     ready = {n.name for n in shot.nodes if n.ready}
     share: dict[tuple[str, int], float] = defaultdict(float)
@@ -174,12 +171,8 @@ def _needs_as_much(later: Request, earlier: Request) -> bool:
     )
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(), queues())
-def test_a_job_is_never_passed_over_by_a_later_one_that_needs_as_much(
-    shot: Snapshot, requests: list[Request]
-) -> None:
-    decisions = placement.plan(shot, requests, T0).decisions
+def _no_job_is_passed_over_by_a_later_one_that_needs_as_much(result: placement.Plan) -> None:
+    decisions = result.decisions
     for i, earlier in enumerate(decisions):
         if earlier.placement is not None or earlier.request.problem:
             continue
@@ -195,13 +188,11 @@ def test_a_job_is_never_passed_over_by_a_later_one_that_needs_as_much(
             )
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(), queues())
-def test_only_lower_priority_preemptible_running_jobs_are_preempted_and_once(
-    shot: Snapshot, requests: list[Request]
+def _only_lower_priority_preemptible_running_jobs_are_preempted_and_once(
+    shot: Snapshot, result: placement.Plan
 ) -> None:
     stopped: set[str] = set()
-    for d in placement.plan(shot, requests, T0).decisions:
+    for d in result.decisions:
         rules = shot.pools.get(d.request.pool, Pool())
         assert not d.victims or (rules.preemption and d.placement is None)
         for victim in d.victims:
@@ -212,26 +203,29 @@ def test_only_lower_priority_preemptible_running_jobs_are_preempted_and_once(
             stopped.add(victim.binding)
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(), queues())
-def test_no_job_uses_gpus_reserved_for_a_job_ahead_of_it(
-    shot: Snapshot, requests: list[Request]
-) -> None:
+def _no_job_uses_gpus_reserved_for_a_job_ahead_of_it(result: placement.Plan) -> None:
     """No pool here backfills, so a GPU held for a Job is closed to every Job after it."""
     held: set[tuple[str, int]] = set()
-    for d in placement.plan(shot, requests, T0).decisions:
+    for d in result.decisions:
         if d.placement is not None:
             taken = {(node, i) for node, indices in d.placement.ranks() for i in indices}
             assert not taken & held, f"{d.request.name} took GPUs held for a Job ahead of it"
         held |= set(d.held)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(clusters(), queues())
-def test_planning_is_deterministic(shot: Snapshot, requests: list[Request]) -> None:
-    first = placement.plan(shot, requests, T0)
-    again = placement.plan(shot, list(reversed(requests)), T0)
-    assert first == again
+def test_a_plan_keeps_every_invariant_and_does_not_depend_on_the_queue_s_order(
+    shot: Snapshot, requests: list[Request]
+) -> None:
+    """Each invariant above, on one plan of each random cluster and queue (the cluster and the
+    queue cost more to draw than to plan); and the plan of the queue in reverse is the same."""
+    result = placement.plan(shot, requests, T0)
+    _no_gpu_is_over_committed_and_closed_gpus_take_nothing(shot, result)
+    _no_job_is_passed_over_by_a_later_one_that_needs_as_much(result)
+    _only_lower_priority_preemptible_running_jobs_are_preempted_and_once(shot, result)
+    _no_job_uses_gpus_reserved_for_a_job_ahead_of_it(result)
+    assert placement.plan(shot, list(reversed(requests)), T0) == result
 
 
 @contextmanager
@@ -277,51 +271,24 @@ def _exact_why(
 
 
 def _decides_the_same_without(
-    method: str,
-    replacement: object,
+    replacements: dict[str, object],
     shot: Snapshot,
     requests: list[Request],
     data: st.DataObject,
 ) -> None:
-    """The planner decides as it does with `method` replaced, over two passes, so that Jobs
-    bound ahead in the first are decided again."""
+    """The planner decides as it does with each of its methods in `replacements` replaced, one
+    at a time, over two passes, so that Jobs bound ahead in the first are decided again."""
     for _ in range(2):
         planned = placement.plan(shot, requests, T0)
-        with _replaced(method, replacement):
-            assert placement.plan(shot, requests, T0) == planned
+        for method, replacement in replacements.items():
+            with _replaced(method, replacement):
+                assert placement.plan(shot, requests, T0) == planned, f"without {method}"
         ended = set(
             data.draw(st.sets(st.sampled_from([a.binding for a in shot.allocations])))
             if shot.allocations
             else set()
         )
         shot, requests = _after_pass(shot, planned.decisions, ended)
-
-
-@settings(max_examples=300, deadline=None)
-@given(clusters(backfill=True), queues(), st.data())
-def test_the_fit_indexes_decide_as_a_scan_of_every_node(
-    shot: Snapshot, requests: list[Request], data: st.DataObject
-) -> None:
-    _decides_the_same_without("_indexed_fit", _scan, shot, requests, data)
-
-
-@settings(max_examples=300, deadline=None)
-@given(clusters(backfill=True), queues(), st.data())
-def test_the_multi_node_fit_index_decides_as_a_scan_of_every_node(
-    shot: Snapshot, requests: list[Request], data: st.DataObject
-) -> None:
-    _decides_the_same_without("_fit_gang", _scan_gang, shot, requests, data)
-
-
-@settings(max_examples=300, deadline=None)
-@given(clusters(backfill=True), queues(), st.data())
-def test_the_head_of_the_queue_is_told_exactly_why_it_waits(
-    shot: Snapshot, requests: list[Request], data: st.DataObject
-) -> None:
-    """Every Job here is at the head of its queue (QUEUE_HEAD): its message is worked out for
-    it, or taken from one worked out since nothing it could show changed."""
-    assert len(requests) <= placement.QUEUE_HEAD
-    _decides_the_same_without("_why", _exact_why, shot, requests, data)
 
 
 def _look_again(
@@ -331,14 +298,6 @@ def _look_again(
     return self._soonest(request, static, wanted, reserving=True)
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(backfill=True), queues(), st.data())
-def test_a_shape_that_found_nothing_to_reserve_is_not_looked_at_again_in_vain(
-    shot: Snapshot, requests: list[Request], data: st.DataObject
-) -> None:
-    _decides_the_same_without("_soonest_to_reserve", _look_again, shot, requests, data)
-
-
 def _every_node(
     self: placement._Planner, request: Request, pool: Pool, static: Static, _shape: object
 ) -> preemption.Choice | None:
@@ -346,14 +305,6 @@ def _every_node(
     return preemption.choose(
         request, pool, static, stopping=self.stopping, blocker=self._blocker, now=self.now
     )
-
-
-@settings(max_examples=300, deadline=None)
-@given(clusters(backfill=True), queues(), st.data())
-def test_the_preemption_index_chooses_as_a_scan_of_every_node(
-    shot: Snapshot, requests: list[Request], data: st.DataObject
-) -> None:
-    _decides_the_same_without("_victims", _every_node, shot, requests, data)
 
 
 def _every_node_for_a_gang(
@@ -381,14 +332,6 @@ def _every_node_for_a_gang(
     return [member for _, _, member in options[: request.nodes]]
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(backfill=True), queues(), st.data())
-def test_the_multi_node_preemption_index_chooses_as_a_scan_of_every_node(
-    shot: Snapshot, requests: list[Request], data: st.DataObject
-) -> None:
-    _decides_the_same_without("_gang_members", _every_node_for_a_gang, shot, requests, data)
-
-
 _WAIT_OR_PREEMPT_GANG = placement._Planner._wait_or_preempt_gang
 
 
@@ -404,12 +347,31 @@ def _gang_looks_again(
     return _WAIT_OR_PREEMPT_GANG(self, request, pool, static, shape)
 
 
+# What the planner keeps to decide faster (its fit indexes, a multi-node Job's, the preemption
+# indexes, its cached messages, its memory of shapes that found nothing) against working it out
+# afresh: each replaced by the exhaustive way, one at a time, on the same cluster and queue.
+EXHAUSTIVE: dict[str, object] = {
+    "_indexed_fit": _scan,
+    "_fit_gang": _scan_gang,
+    "_why": _exact_why,
+    "_soonest_to_reserve": _look_again,
+    "_victims": _every_node,
+    "_gang_members": _every_node_for_a_gang,
+    "_wait_or_preempt_gang": _gang_looks_again,
+}
+
+
 @settings(max_examples=300, deadline=None)
 @given(clusters(backfill=True), queues(), st.data())
-def test_a_multi_node_shape_that_found_too_few_nodes_to_wait_for_finds_no_more(
+def test_what_the_planner_keeps_decides_as_looking_at_everything_again(
     shot: Snapshot, requests: list[Request], data: st.DataObject
 ) -> None:
-    _decides_the_same_without("_wait_or_preempt_gang", _gang_looks_again, shot, requests, data)
+    """Every fit index and memory decides as a scan of every node, every blocked Job looking
+    for GPUs to reserve, every message worked out afresh would. Every Job here is at the head
+    of its queue (QUEUE_HEAD): its message is worked out for it, or taken from one worked out
+    since nothing it could show changed."""
+    assert len(requests) <= placement.QUEUE_HEAD
+    _decides_the_same_without(EXHAUSTIVE, shot, requests, data)
 
 
 def _after_pass(
