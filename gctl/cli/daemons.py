@@ -333,8 +333,9 @@ def _stop_at_end(fd: int, stop: threading.Event) -> None:
 
 
 class _AgentProcess:
-    """`gctl up`'s node agent, in a process of its own, forked as `gctl up` starts (before it
-    opens anything or starts a thread). The controller and the agent each get an interpreter,
+    """`gctl up`'s node agent, in a process of its own, forked as `gctl up` starts: after it
+    imports the agent's modules, which both processes then share (`up`), and before it opens
+    anything or starts a thread. The controller and the agent each get an interpreter,
     and its lock (the GIL), to themselves: in one process, the agent's reports and launches
     waited for the controller's passes and the other way round, and `gctl up` could use no
     more than one core's worth of Python (docs/decisions.md).
@@ -550,10 +551,10 @@ def up(
 ) -> None:
     _logging()
     # The agent's modules, and with them the Store, its models, SQLAlchemy and pydantic that
-    # the controller runs on as well, imported once, before the fork (imports open nothing
-    # and start no thread): each process importing them again cost a second of CPU at every
-    # start on a slow 2-core day.
-    from nodeagent import agent, gpus  # noqa: F401
+    # the controller runs on as well, imported once, before the fork (importing them opens
+    # nothing and starts no thread: tests/unit/test_agent_process.py): each process importing
+    # them again cost a second of CPU at every start on a slow 2-core day.
+    import nodeagent.agent  # noqa: F401
 
     agent_process = _AgentProcess.fork(db_url, options)
     try:

@@ -5,6 +5,8 @@ import errno
 import logging
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -105,3 +107,25 @@ def test_a_second_signal_leaves_at_once_said_by_whoever_says_the_first(
     else:
         assert exits == [0]
         assert said
+
+
+def test_importing_the_agents_modules_opens_nothing_and_starts_no_thread() -> None:
+    """`gctl up` imports the agent's modules before it forks the agent: a thread that an
+    import started would be missing in the child (and a lock it held, held there for ever), a
+    descriptor or a signal handler it opened or set would be the agent's too. In a fresh
+    interpreter, as `gctl up` starts."""
+    code = """
+import os, signal, sys, threading
+def state():
+    handlers = {s.name: signal.getsignal(s) for s in signal.Signals if s.name[-4:] != "KILL"}
+    fds = sorted(os.listdir("/proc/self/fd"))
+    return {"descriptors": fds, "threads": threading.active_count(), **handlers}
+import gctl.cli.daemons
+before = state()
+import nodeagent.agent
+after = state()
+changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+sys.exit(f"importing nodeagent.agent changed: {changed}" if changed else 0)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
