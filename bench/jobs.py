@@ -59,6 +59,7 @@ JOB_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 NODE = "bench-node"
 STAMP = "date +%s.%N > {path}"
+TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc/PID/stat's times
 # cProfile follows only the thread that enables it, and the daemons are threads: hence our own.
 PROFILE_ENV = "GCTL_BENCH_PROFILE"
 PROFILE_CLOCK_ENV = "GCTL_BENCH_PROFILE_CLOCK"  # "cpu": time.thread_time instead of wall time
@@ -255,7 +256,7 @@ def cpu_seconds(root: int) -> float:
         fields = stat[stat.rindex(")") + 2 :].split()
         pid = int(entry.name)
         parents[pid] = int(fields[1])
-        times[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        times[pid] = (int(fields[11]) + int(fields[12])) / TICKS
     tree, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()

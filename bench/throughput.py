@@ -22,7 +22,8 @@
   the transaction that writes the Jobs. Budget: at most twice as slow.
 - idle-60s: CPU seconds (user + system, the process and all its descendants, from
   /proc/PID/stat) that an idle `gctl up --fake-gpus 8` uses over 60 s, after one job ran.
-  Beside it, for information, those it used from its start to its node Ready (`start-cpu`).
+  Beside it, for information, those it used from its start to its node Ready
+  (`idle-60s-start-cpu`).
 """
 
 import json

@@ -282,7 +282,11 @@ def _decides_the_same_without(
         planned = placement.plan(shot, requests, T0)
         for method, replacement in replacements.items():
             with _replaced(method, replacement):
-                assert placement.plan(shot, requests, T0) == planned, f"without {method}"
+                try:
+                    again = placement.plan(shot, requests, T0)
+                except Exception as exc:  # named, as a test of its own would be
+                    raise AssertionError(f"without {method}: {exc!r}") from exc
+            assert again == planned, f"without {method}"
         ended = set(
             data.draw(st.sets(st.sampled_from([a.binding for a in shot.allocations])))
             if shot.allocations
