@@ -72,7 +72,7 @@ class _Pass:
     # loaded host had them start milliseconds, so at a time scale of 1,000 trace seconds, apart,
     # and the replay count the gap on every GPU); an attempt ends in it if its end is due by
     # then, and a stop ends one then, so that an attempt bound after it never starts before it
-    # ended.
+    # ended; one that ends without running (lost, not startable, stopped first) ends then too.
     now: datetime
     mono: float
     reports: list[binding.Binding] = field(default_factory=list)
@@ -319,7 +319,7 @@ class VirtualAgent:
                     phase="Lost",
                     reason="Lost",
                     message="the attempt vanished",
-                    finish_time=self.clock(),
+                    finish_time=work.now,
                 )
             else:
                 self._report_ended(
@@ -339,11 +339,11 @@ class VirtualAgent:
                 exit_code=127,
                 reason="StartError",
                 message=str(exc),
-                finish_time=self.clock(),
+                finish_time=work.now,
             )
             return None
         started = bound.status.start_time or work.now
-        return self._schedule(bound, started, seconds, code)
+        return self._schedule(bound, started, seconds, code, work)
 
     def _waits(self, bound: binding.Binding, work: _Pass) -> bool:
         """Whether an attempt bound ahead must wait: one it starts after still "runs" here (it
@@ -365,12 +365,12 @@ class VirtualAgent:
             self._mark_dirty(waiting)
 
     def _schedule(
-        self, bound: binding.Binding, started: datetime, seconds: float, code: int
+        self, bound: binding.Binding, started: datetime, seconds: float, code: int, work: _Pass
     ) -> Simulated:
         # At most a year of real time, however slow the time scale: an end in the calendar.
         wall = min(seconds / self.time_scale, quantity.MAX_DURATION_SECONDS)
         finish = started + timedelta(seconds=wall)
-        due = self.monotonic() + (finish - self.clock()).total_seconds()
+        due = work.mono + (finish - work.now).total_seconds()
         sim = Simulated((bound.namespace, bound.name), started, finish, due, exit_code=code)
         self.sims[bound.metadata.uid or ""] = sim
         heapq.heappush(self._timers, (due, bound.metadata.uid or ""))
@@ -397,7 +397,7 @@ class VirtualAgent:
 
     def _report_ended(self, bound: binding.Binding, work: _Pass, reason: str, message: str) -> None:
         self._report(
-            bound, work, phase="Exited", reason=reason, message=message, finish_time=self.clock()
+            bound, work, phase="Exited", reason=reason, message=message, finish_time=work.now
         )
 
     def _report(self, bound: binding.Binding, work: _Pass, **changes: Any) -> None:
