@@ -131,7 +131,7 @@ class DeletionWait:
 
     def __call__(self, database: "db.Database", deleting: applying.Deleting) -> None:
         from gctl.cli import following
-        from gctl.store import feed
+        from gctl.store import feed, notify
 
         if not self._started:  # the first wait of the command
             self._started = time.monotonic()
@@ -141,7 +141,7 @@ class DeletionWait:
         deadline = self._started + seconds
         left = {obj.metadata.uid: obj for obj in deleting.objects}
         kinds = sorted({obj.KIND for obj in deleting.objects})
-        stop = threading.Event()
+        stop = notify.Stop()
         with (
             following.interruptible(stop) as interrupted,
             feed.Watch(database, since=deleting.since, kinds=kinds, stop=stop) as changes,

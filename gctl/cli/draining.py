@@ -423,10 +423,10 @@ def _wait_empty(
 ) -> None:
     """Follow the change feed until no Binding holds the targets. `busy` (by uid) is kept up to
     date: what is left when the time is up (an error) or at Ctrl-C (exit 130)."""
-    from gctl.store import feed
+    from gctl.store import feed, notify
 
     print(f"waiting for {_left(busy)}", file=sys.stderr, flush=True)
-    stop = threading.Event()
+    stop = notify.Stop()
     timer = threading.Timer(seconds, stop.set) if seconds else None
     if seconds == 0:
         stop.set()  # checked once already

@@ -24,7 +24,7 @@ from gctl.api import errors
 
 if TYPE_CHECKING:
     from gctl.api import binding, job
-    from gctl.store import db
+    from gctl.store import db, notify
 
 ENDED = frozenset({"Exited", "Lost"})  # Binding phases of an attempt that is over
 FINISHED = frozenset({"Succeeded", "Failed"})  # job.FINISHED_PHASES
@@ -38,9 +38,12 @@ class Interrupted(Exception):
 
 
 @contextmanager
-def interruptible(stop: threading.Event) -> Iterator[threading.Event]:
-    """While inside, Ctrl-C sets `stop` and the event yielded instead of raising."""
-    interrupted = threading.Event()
+def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
+    """While inside, Ctrl-C sets `stop` and the event yielded instead of raising. Both are
+    notify.Stop: a handler that sets a threading.Event may wait for itself forever."""
+    from gctl.store import notify
+
+    interrupted = notify.Stop()
 
     def handler(_signum: int, _frame: object) -> None:
         interrupted.set()

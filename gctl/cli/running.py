@@ -14,7 +14,6 @@ import re
 import secrets
 import string
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,7 @@ def logs(
     from_node: bool = False,
     rank: int | None = None,
 ) -> None:
-    from gctl.store import db
+    from gctl.store import db, notify
 
     name = _job_name(name)
     if attempt is not None and previous:
@@ -57,7 +56,7 @@ def logs(
         which = f"attempt {wanted} of " if attempt is not None else ""
         which = f"rank {rank} of {which}" if rank else which
         raise errors.NotFound(f"{which}job {name} has not started yet")
-    stop = threading.Event()
+    stop = notify.Stop()
     try:
         with following.interruptible(stop):
             if chosen is not None and following.started(chosen):
@@ -342,7 +341,9 @@ def _attach(
 ) -> int:
     """Stream each attempt's output as it starts, from this machine or through its node's
     agent; return the exit code the Job ends with."""
-    stop = threading.Event()
+    from gctl.store import notify
+
+    stop = notify.Stop()
     shown = 0
     try:
         with following.interruptible(stop):
@@ -382,7 +383,7 @@ def _stop_attached(database: db.Database, namespace: str, name: str, uid: str | 
     """Ctrl-C while attached: delete the Job, which stops its process, and wait until it is
     gone; a second Ctrl-C stops waiting."""
     from gctl.api import job
-    from gctl.store import feed, store
+    from gctl.store import feed, notify, store
 
     revision = following.read_view(database, namespace, name, uid).revision
     try:
@@ -394,7 +395,7 @@ def _stop_attached(database: db.Database, namespace: str, name: str, uid: str | 
     print(f"interrupted: job.gctl/{name} deleted, stopping its process", file=sys.stderr)
     if gone:
         return following.INTERRUPTED
-    stop = threading.Event()
+    stop = notify.Stop()
     with following.interruptible(stop), feed.Watch(database, since=revision, stop=stop) as changes:
         for batch in changes:
             if any(c.uid == uid and c.type == "DELETED" for c in batch):

@@ -170,9 +170,9 @@ def _wait_for(
     seconds: float,
 ) -> None:
     """Follow the feed until every object meets a goal, the time is up, or Ctrl-C."""
-    from gctl.store import feed
+    from gctl.store import feed, notify
 
-    stop = threading.Event()
+    stop = notify.Stop()
     timer = threading.Timer(seconds, stop.set)
     timer.daemon = True
     timer.start()

@@ -20,12 +20,15 @@ import os
 import select
 import sys
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Protocol
 
 FALLBACK_STEP_MS = 10
 # With a stop event, a waiter looks at it this often; a ring wakes it sooner.
 STOP_CHECK_SECONDS = 0.5
+MAX_POLL_S = 3600.0  # poll(2) takes an int of milliseconds: a longer wait polls again
 
 _IN_MODIFY = 0x002
 _IN_ATTRIB = 0x004
@@ -50,24 +53,66 @@ def ring(path: Path) -> None:
 
 
 class Stop(threading.Event):
-    """A stop that a waiter sleeping in poll(2) or select(2) sees at once: `set` also makes
-    `fileno()` readable (and it stays so). A waiter given a plain threading.Event looks at it
-    every STOP_CHECK_SECONDS instead. The daemons stop on one of these, so that SIGTERM ends
-    them without waiting for any of their sleeps to run out."""
+    """A stop that a signal handler may set, and that a waiter sleeping in poll(2) or select(2)
+    sees at once: `set` also makes `fileno()` readable (and it stays so until `clear`). A
+    waiter given a plain threading.Event looks at it every STOP_CHECK_SECONDS instead. The
+    daemons stop on one of these, so that SIGTERM ends them without waiting for any of their
+    sleeps to run out.
 
-    def __init__(self) -> None:
-        super().__init__()
+    It takes no lock. A signal handler runs in the main thread between two of its bytecodes,
+    and threading.Event.set() takes the Event's lock: if the main thread held it at that
+    moment (inside `wait`, as the daemons' main thread is twice a second), the handler waited
+    for itself, and the process never stopped (python/cpython#126434 is the same deadlock
+    with multiprocessing's Event). Here the flag is one attribute, and the wakeup a pipe: `wait`
+    polls its reading end, which `set` makes readable."""
+
+    def __init__(self) -> None:  # not Event's: its lock and condition would go unused
+        self._set = False
         self._read, self._write = os.pipe()  # neither inherited by children (PEP 446)
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
+        weakref.finalize(self, _close_all, self._read, self._write)
 
     def fileno(self) -> int:
         return self._read
 
+    def is_set(self) -> bool:
+        return self._set
+
     def set(self) -> None:
-        super().set()
+        self._set = True
         with contextlib.suppress(BlockingIOError):  # full: readable already
             os.write(self._write, b"\0")
+
+    def clear(self) -> None:
+        """For the thread that waits on it. A `set` that races it (a handler's, another
+        thread's) leaves the flag and the descriptor agreeing: set and readable, or neither."""
+        self._set = False
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+        if self._set:  # set while it was being read empty: readable again
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._write, b"\0")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poller = select.poll()
+        poller.register(self._read, select.POLLIN)
+        while not self._set:  # readable but not set: a `clear` is between its two steps
+            if deadline is None:
+                poller.poll()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(math.ceil(min(left, MAX_POLL_S) * 1000))
+        return True
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def stop_fd(stop: threading.Event | None) -> int | None:
