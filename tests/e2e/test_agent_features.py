@@ -53,12 +53,11 @@ def agents(gctl: Gctl, tmp_path: Path) -> Iterator[Agents]:
 
 def attempt(gctl: Gctl, name: str) -> dict[str, Any]:
     """A Binding (one attempt) as `gctl get -o json` prints it."""
-    document: dict[str, Any] = json.loads(gctl.ok("get", "binding", name, "-o", "json"))
-    return document
+    return gctl.object("Binding", name)
 
 
 def node_status(gctl: Gctl, name: str = "n1") -> dict[str, Any]:
-    status: dict[str, Any] = json.loads(gctl.ok("get", "node", name, "-o", "json"))["status"]
+    status: dict[str, Any] = gctl.object("Node", name)["status"]
     return status
 
 

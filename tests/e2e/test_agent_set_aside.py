@@ -3,7 +3,6 @@ run`) with real jobs: the agent fails closed, never putting two jobs on one whol
 its node beating, so that its running jobs are neither declared lost nor fenced
 (docs/decisions.md). The rows are spoilt as a hand edit in the database would spoil them."""
 
-import json
 import os
 import signal
 import time
@@ -29,8 +28,7 @@ def database(gctl: Gctl) -> Iterator[db.Database]:
 
 
 def _attempt(gctl: Gctl, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(gctl.ok("get", "binding", name, "-o", "json"))
-    return found
+    return gctl.object("Binding", name)
 
 
 def _waits(gctl: Gctl, name: str) -> bool:

@@ -28,11 +28,7 @@ def db_url(tmp_path: Path) -> str:
 
 
 def _attempt(gctl: Gctl, name: str) -> dict[str, Any] | None:
-    found = gctl("get", "binding", name, "-o", "json")
-    if found.code != 0:
-        return None
-    document: dict[str, Any] = json.loads(found.out)
-    return document
+    return gctl.read("Binding", name)
 
 
 def _greeting_staged(spec: Path) -> str | None:
@@ -247,5 +243,4 @@ def test_an_armed_job_moves_to_a_gpu_that_frees_first(
 
 
 def _get_attempts(gctl: Gctl, name: str) -> int:
-    found: dict[str, Any] = json.loads(gctl("get", "job", name, "-o", "json").out)
-    return int(found["status"]["attempts"])
+    return int(gctl.object("Job", name)["status"]["attempts"])

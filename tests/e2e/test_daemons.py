@@ -2,7 +2,6 @@
 with real signals."""
 
 import contextlib
-import json
 import os
 import signal
 import sqlite3
@@ -58,7 +57,7 @@ def _up_running_a_job(
     try:
         apply_job(gctl, "stays", ["sleep", "60"])
         wait_for(phase_is(gctl, "stays", "Running"), "the job to run")
-        pid = json.loads(gctl.ok("get", "binding", "stays-1", "-o", "json"))["status"]["pid"]
+        pid = gctl.object("Binding", "stays-1")["status"]["pid"]
         yield process, pid, log
     finally:
         if process.poll() is None:
@@ -353,10 +352,10 @@ def _agent(gctl: Gctl, state: Path, log: Path) -> "subprocess.Popen[bytes]":
 
 def _instance_pid(gctl: Gctl, node_name: str = "nb") -> int | None:
     """The pid of the agent its Node names, if it names one."""
-    found = gctl("get", "node", node_name, "-o", "json")
-    if found.code != 0:
+    found = gctl.read("Node", node_name)
+    if found is None:
         return None
-    instance = json.loads(found.out)["status"].get("agentInstance")
+    instance = found["status"].get("agentInstance")
     return None if instance is None else int(instance["pid"])
 
 

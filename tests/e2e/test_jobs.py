@@ -1,8 +1,8 @@
 """Jobs run for real: the controller and node agents as separate processes, real job processes,
 real signals. Fake GPUs only (the GPU boundary).
 
-Waits poll `gctl get`, less often the longer they wait, up to a generous timeout; nothing
-asserts on speed.
+Waits poll the database (`Gctl.read`, the path `gctl get` reads by) or `gctl get`, less often
+the longer they wait, up to a generous timeout; nothing asserts on speed.
 """
 
 import json
@@ -96,9 +96,9 @@ class Cluster:
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
     """Call `check` until it returns something true; fail after `timeout`. The calls start
-    0.05 s apart and draw apart to 0.5 s: a check is mostly a `gctl get`, 40-50 ms of CPU on a
-    2-core machine, and tests that poll every 0.1 s for seconds on end (a node's timeout, a
-    fence) take from the daemons they wait on much of the CPU they need to get there."""
+    0.05 s apart and draw apart to 0.5 s: a check that runs `gctl get` costs 40-50 ms of CPU
+    on a 2-core machine, and tests that poll every 0.1 s for seconds on end (a node's timeout,
+    a fence) take from the daemons they wait on much of the CPU they need to get there."""
     deadline = time.monotonic() + timeout
     pause = 0.05
     while time.monotonic() < deadline:
@@ -111,8 +111,7 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
 
 
 def job(gctl: Gctl, name: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(gctl.ok("get", "job", name, "-o", "json"))
-    return document
+    return gctl.object("Job", name)
 
 
 def phase_is(gctl: Gctl, name: str, *phases: str) -> Callable[[], dict[str, Any] | None]:

@@ -36,13 +36,11 @@ def _apply(gctl: Gctl, documents: list[dict[str, Any]], *args: str) -> None:
 
 
 def _sweep(gctl: Gctl, name: str, namespace: str = "default") -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(gctl.ok("get", "sweep", name, "-n", namespace, "-o", "json"))
-    return found
+    return gctl.object("Sweep", name, namespace)
 
 
 def _phase(gctl: Gctl, name: str, namespace: str = "default") -> str | None:
-    out = gctl.ok("get", "job", name, "-n", namespace, "-o", "json")
-    phase: str | None = json.loads(out)["status"].get("phase")
+    phase: str | None = gctl.object("Job", name, namespace)["status"].get("phase")
     return phase
 
 

@@ -1,7 +1,7 @@
 """Completion markers (`spec.successFile`) and `gctl rerun`, run for real: the controller and
 agent are `gctl` processes (test_jobs.py's Cluster), the jobs real processes on fake GPUs.
 
-Waits poll `gctl get` up to a deadline; nothing asserts on speed.
+Waits poll the database (`Gctl.read`) up to a deadline; nothing asserts on speed.
 """
 
 import json
@@ -37,10 +37,10 @@ def wait_phase(gctl: Gctl, name: str, *phases: str, attempt: int = 1) -> dict[st
 
 
 def all_finished(gctl: Gctl, *names: str) -> dict[str, dict[str, Any]]:
-    """The statuses of these Jobs once every one has finished (one `gctl get` per look)."""
+    """The statuses of these Jobs once every one has finished."""
 
     def check() -> dict[str, dict[str, Any]] | None:
-        listed = json.loads(gctl.ok("get", "jobs", *names, "-o", "json"))["items"]
+        listed = [found for name in names if (found := gctl.read("Job", name)) is not None]
         statuses = {item["metadata"]["name"]: item["status"] for item in listed}
         done = all(s.get("phase") in ("Succeeded", "Failed") for s in statuses.values())
         return statuses if done and len(statuses) == len(names) else None
@@ -50,7 +50,7 @@ def all_finished(gctl: Gctl, *names: str) -> dict[str, dict[str, Any]]:
 
 
 def binding_status(gctl: Gctl, name: str) -> dict[str, Any]:
-    status: dict[str, Any] = json.loads(gctl.ok("get", "binding", name, "-o", "json"))["status"]
+    status: dict[str, Any] = gctl.object("Binding", name)["status"]
     return status
 
 
