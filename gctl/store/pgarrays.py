@@ -105,7 +105,12 @@ def _array_params(table: Table, columns: tuple[str, ...]) -> str:
 def _value(table: Table, column: str) -> str:
     """The column's value from its array element: JSON documents travel as text."""
     value = f"v.{_quoted(column)}"
-    return f"CAST({value} AS jsonb)" if isinstance(table.c[column].type, JSON) else value
+    return f"CAST({value} AS jsonb)" if _is_json(table.c[column].type) else value
+
+
+def _is_json(kind: Any) -> bool:
+    """Whether a column's type is JSON, or a TypeDecorator of JSON (tables.JSONDocument)."""
+    return isinstance(kind.impl_instance if isinstance(kind, TypeDecorator) else kind, JSON)
 
 
 def _quoted(name: str) -> str:
@@ -146,7 +151,7 @@ def _arrays(
     arrays: list[list[Any]] = []
     for column in columns:
         key, kind = prefix + column, table.c[column].type
-        if isinstance(kind, JSON):  # as SQLAlchemy writes them: None is JSON's null
+        if _is_json(kind):  # as SQLAlchemy writes them: None is JSON's null
             arrays.append([jsontext.dumps(row[key]) for row in rows])
         elif isinstance(kind, TypeDecorator):
             arrays.append([kind.process_bind_param(row[key], dialect) for row in rows])

@@ -129,3 +129,17 @@ sys.exit(f"importing nodeagent.agent changed: {changed}" if changed else 0)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_daemons_modules_import_no_postgresql_dialect() -> None:
+    """SQLAlchemy's PostgreSQL package imports the dialects of its five drivers: 45-75 ms of
+    every start on SQLite when the models imported JSONB (docs/decisions.md). The dialect is
+    imported where a database on PostgreSQL is opened, not before."""
+    code = """
+import sys
+import controller.manager, gctl.cli.daemons, gctl.store.store, nodeagent.agent
+found = sorted(name for name in sys.modules if name.startswith("sqlalchemy.dialects.postgresql"))
+sys.exit(f"imported: {found}" if found else 0)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
