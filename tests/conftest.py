@@ -305,13 +305,13 @@ class Gctl:
         return result.out
 
     def read(self, kind: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
-        """The object as `gctl get KIND NAME -o json` prints it, read in this process through
-        the same path (gctl.store.listing), or None: not there, or no migrated database yet.
+        """A stored object as `gctl get KIND NAME -o json` prints it, read in this process
+        through the same path (gctl.store.listing), or None: not there, or no database that
+        path can read (none yet, not migrated yet, an error, which `gctl get` would say).
         What the tests poll: a `gctl get` costs 40-50 ms of CPU in two processes, a read here
         under a millisecond on SQLite, and it creates no database either."""
-        snapshot = listing.read(
-            locations.resolve_url(self.db_url), kinds.BY_KIND[kind], namespace, [name]
-        )
+        url = self.db_url if "://" in self.db_url else str(self.cwd / self.db_url)
+        snapshot = listing.read(locations.resolve_url(url), kinds.BY_KIND[kind], namespace, [name])
         return snapshot.wires[0] if snapshot is not None and snapshot.wires else None
 
     def object(self, kind: str, name: str, namespace: str = "default") -> dict[str, Any]:

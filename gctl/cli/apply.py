@@ -157,6 +157,7 @@ class DeletionWait:
                         return
                 finally:
                     timer.cancel()
+                    timer.join()  # its set done, if it fired: a clear must not race it
                 if interrupted.is_set():
                     print(
                         f"interrupted: {_refs(left)} marked for deletion; nothing else applied",

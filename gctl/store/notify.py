@@ -28,7 +28,7 @@ from typing import Protocol
 FALLBACK_STEP_MS = 10
 # With a stop event, a waiter looks at it this often; a ring wakes it sooner.
 STOP_CHECK_SECONDS = 0.5
-MAX_POLL_S = 3600.0  # poll(2) takes an int of milliseconds: a longer wait polls again
+MAX_POLL_SECONDS = 3600.0  # poll(2) takes an int of milliseconds: a longer wait polls again
 
 _IN_MODIFY = 0x002
 _IN_ATTRIB = 0x004
@@ -71,7 +71,12 @@ class Stop(threading.Event):
         self._read, self._write = os.pipe()  # neither inherited by children (PEP 446)
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
-        weakref.finalize(self, _close_all, self._read, self._write)
+        # Not at the interpreter's exit, where a daemon thread may still set it: the kernel
+        # closes both then.
+        weakref.finalize(self, _close_all, self._read, self._write).atexit = False
+
+    def __repr__(self) -> str:  # Event's reads the attributes of Event.__init__ (3.13)
+        return f"<{type(self).__name__} {'set' if self._set else 'unset'}>"
 
     def fileno(self) -> int:
         return self._read
@@ -85,8 +90,11 @@ class Stop(threading.Event):
             os.write(self._write, b"\0")
 
     def clear(self) -> None:
-        """For the thread that waits on it. A `set` that races it (a handler's, another
-        thread's) leaves the flag and the descriptor agreeing: set and readable, or neither."""
+        """For the thread that waits on it, while no other thread may set it (a Timer's set:
+        cancel and join the Timer first): `set` is two steps, and a `clear` between them leaves
+        the descriptor readable and the flag down, which a waiter then polls without end. A
+        signal handler's `set`, which runs in this thread, may come at any point of it: the
+        flag and the descriptor then agree, set and readable or neither."""
         self._set = False
         with contextlib.suppress(BlockingIOError):
             while os.read(self._read, 4096):
@@ -106,7 +114,7 @@ class Stop(threading.Event):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            poller.poll(math.ceil(min(left, MAX_POLL_S) * 1000))
+            poller.poll(math.ceil(min(left, MAX_POLL_SECONDS) * 1000))
         return True
 
 

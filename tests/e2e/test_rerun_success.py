@@ -40,7 +40,7 @@ def all_finished(gctl: Gctl, *names: str) -> dict[str, dict[str, Any]]:
     """The statuses of these Jobs once every one has finished."""
 
     def check() -> dict[str, dict[str, Any]] | None:
-        listed = [found for name in names if (found := gctl.read("Job", name)) is not None]
+        listed = [gctl.object("Job", name) for name in names]
         statuses = {item["metadata"]["name"]: item["status"] for item in listed}
         done = all(s.get("phase") in ("Succeeded", "Failed") for s in statuses.values())
         return statuses if done and len(statuses) == len(names) else None
