@@ -105,12 +105,14 @@ def _array_params(table: Table, columns: tuple[str, ...]) -> str:
 def _value(table: Table, column: str) -> str:
     """The column's value from its array element: JSON documents travel as text."""
     value = f"v.{_quoted(column)}"
-    return f"CAST({value} AS jsonb)" if _is_json(table.c[column].type) else value
+    return f"CAST({value} AS jsonb)" if isinstance(_base(table, column), JSON) else value
 
 
-def _is_json(kind: Any) -> bool:
-    """Whether a column's type is JSON, or a TypeDecorator of JSON (tables.JSONDocument)."""
-    return isinstance(kind.impl_instance if isinstance(kind, TypeDecorator) else kind, JSON)
+def _base(table: Table, column: str) -> Any:
+    """The column's type, or the type a TypeDecorator of it stores (tables.JSONDocument's JSON,
+    UTCDateTime's DateTime)."""
+    kind = table.c[column].type
+    return kind.impl_instance if isinstance(kind, TypeDecorator) else kind
 
 
 def _quoted(name: str) -> str:
@@ -120,9 +122,7 @@ def _quoted(name: str) -> str:
 
 def _element(table: Table, column: str) -> str:
     """The SQL type of the column's array elements."""
-    kind = table.c[column].type
-    if isinstance(kind, TypeDecorator):
-        kind = kind.impl_instance
+    kind = _base(table, column)
     for python, sql in _ELEMENTS:
         if isinstance(kind, python):
             return sql
@@ -151,7 +151,7 @@ def _arrays(
     arrays: list[list[Any]] = []
     for column in columns:
         key, kind = prefix + column, table.c[column].type
-        if _is_json(kind):  # as SQLAlchemy writes them: None is JSON's null
+        if isinstance(_base(table, column), JSON):  # as SQLAlchemy writes them: None is null
             arrays.append([jsontext.dumps(row[key]) for row in rows])
         elif isinstance(kind, TypeDecorator):
             arrays.append([kind.process_bind_param(row[key], dialect) for row in rows])
