@@ -27,8 +27,8 @@ chg does the same for hg.
   `$XDG_RUNTIME_DIR/gctl`, else `/tmp/gctl-UID`; a directory that is not the user's own with
   no permissions for group or others is not used.
 
-The standard library only, and little of it: this module is all that a served command imports
-into this process.
+The standard library only, and little of it: this module and gctl.cli.ctrlc (SIGINT's handler)
+are all that a served command imports into this process.
 """
 
 import marshal
@@ -40,6 +40,8 @@ import struct
 import sys
 import zlib
 from collections.abc import Sequence
+
+from gctl.cli import ctrlc
 
 TYPE_CHECKING = False  # typing's own import costs 3 ms, a tenth of a served command's start
 if TYPE_CHECKING:
@@ -340,13 +342,15 @@ class _Relay:
             signal.signal(number, self._relay)
         signal.signal(signal.SIGTSTP, self._stop)
         signal.signal(signal.SIGCONT, self._relay)
+        if ctrlc.pressed() and signal.SIGINT in self.relayed:
+            self.pending.append(signal.SIGINT)  # one whose KeyboardInterrupt Python dropped
         return self
 
     def __exit__(self, *_: object) -> None:
         for number in (*self.relayed, signal.SIGTSTP, signal.SIGCONT):
             signal.signal(number, signal.SIG_DFL)
         if signal.SIGINT in self.relayed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, ctrlc.handler)
         pending, self.pending = self.pending, []
         for left in pending:  # no child took them: they are this process's own again
             os.kill(os.getpid(), left)
@@ -432,6 +436,7 @@ def run_served(argv: Sequence[str], path: str) -> int | None:
 
 
 def main() -> None:
+    ctrlc.install()
     argv = sys.argv[1:]
     if (
         os.environ.get(SWITCH_ENV) != "0"

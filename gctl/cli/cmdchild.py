@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from gctl.cli import client
+from gctl.cli import client, ctrlc
 
 # The signals a mask may name. Not all of 1..NSIG-1: glibc keeps 32 and 33 for itself, and a
 # client started with them blocked (by a raw rt_sigprocmask before its exec) reports them, which
@@ -99,7 +99,7 @@ def _take_over(request: Request) -> None:
     sys.argv = request.argv
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(number, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, ctrlc.handler)
     for ignored in request.ignored:
         signal.signal(ignored, signal.SIG_IGN)
     signal.set_wakeup_fd(-1)

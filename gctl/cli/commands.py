@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, fields, kinds, selector
-from gctl.cli import getting, printers
+from gctl.cli import following, getting, printers
 from gctl.store import bulk, locations
 
 if TYPE_CHECKING:
@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 def _fail(message: str, code: int = 1) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def _load(files: list[str], recursive: bool, namespace: str | None) -> list[manifest.Manifest]:
+    """The manifests of `-f`'s files; `-` is stdin, read so that Ctrl-C always ends the read."""
+    from gctl.api import manifest
+
+    stdin = following.read_stdin() if manifest.STDIN in files else None
+    return manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE, stdin)
 
 
 def apply(
@@ -39,14 +47,13 @@ def apply(
     on_spec_change: str | None = None,
     timeout: str | None = None,
 ) -> None:
-    from gctl.api import manifest
     from gctl.cli import apply as applying
 
     printers.check_output(output)
     options = applying.set_options(applyset, prune, on_spec_change, files)
     wait_gone = applying.DeletionWait(timeout)  # what --force replaces, once started
     with bulk.collector_paused():
-        manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
+        manifests = _load(files, recursive, namespace)
     _check_namespace(manifests, namespace)
     url = locations.resolve_url(db_url)
     results = applying.apply_at(url, manifests, force, dry_run, options, wait_gone=wait_gone)
@@ -86,12 +93,11 @@ def diff(
     applyset: str | None = None,
     prune: bool = False,
 ) -> None:
-    from gctl.api import manifest
     from gctl.cli import apply as applying
 
     try:
         options = applying.set_options(applyset, prune, None, files)
-        manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
+        manifests = _load(files, recursive, namespace)
         _check_namespace(manifests, namespace)
         text = applying.diff(locations.resolve_url(db_url), manifests, force, options)
     except errors.GctlError as exc:
@@ -180,11 +186,9 @@ def _delete_targets(
         # Job, and `job/a --field-selector ...` job a whatever its fields.
         raise errors.Invalid("-l and --field-selector go with KIND alone, not names, -f or --all")
     if files:
-        from gctl.api import manifest
-
         if resource is not None:
             raise errors.Invalid("name objects either with -f or as KIND NAME, not both")
-        manifests = manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE)
+        manifests = _load(files, recursive, namespace)
         return [(m.obj.INFO, m.obj.name, m.obj.metadata.namespace) for m in manifests]
     if resource is None:
         raise errors.Invalid(
@@ -234,17 +238,20 @@ def _wait_gone(database: db.Database, revision: int, left: dict[str | None, Any]
     import time
 
     from gctl.cli.apply import PROGRESS_AFTER_S, PROGRESS_EVERY_S
-    from gctl.store import feed
+    from gctl.store import feed, notify
 
     started, notes = time.monotonic(), 0
-    stop = threading.Event()
-    with feed.Watch(database, since=revision, stop=stop) as changes:
+    stop = notify.Stop()
+    with (
+        following.interruptible(stop) as interrupted,
+        feed.Watch(database, since=revision, stop=stop) as changes,
+    ):
         while True:
             due = started + (PROGRESS_EVERY_S * notes if notes else PROGRESS_AFTER_S)
             timer = threading.Timer(max(due - time.monotonic(), 0.0), stop.set)
             timer.daemon = True
             timer.start()
-            try:  # until the note is due
+            try:  # until the note is due, or Ctrl-C
                 for batch in changes:
                     for change in batch:
                         if change.type == "DELETED":
@@ -253,6 +260,9 @@ def _wait_gone(database: db.Database, revision: int, left: dict[str | None, Any]
                         return
             finally:
                 timer.cancel()
+                timer.join()  # its set done, if it fired: a clear must not race it
+            if interrupted.is_set():
+                raise SystemExit(following.INTERRUPTED)  # the deletion is written
             stop.clear()
             whose = "its" if len(left) == 1 else "their"
             why = (

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gctl.api import errors, names
+from gctl.cli import ctrlc
 
 if TYPE_CHECKING:
     import nodeagent.agent
@@ -93,6 +94,8 @@ def _stop_on_signals(*, agent_process: bool = False) -> tuple[threading.Event, l
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, signal.SIG_IGN if agent_process else handler)
+    if ctrlc.pressed() and not agent_process:  # one whose KeyboardInterrupt Python dropped
+        handler(signal.SIGINT, None)
     return stop, received
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gctl.api import errors
+from gctl.cli import ctrlc
 
 if TYPE_CHECKING:
     from gctl.api import binding, job
@@ -30,6 +31,7 @@ ENDED = frozenset({"Exited", "Lost"})  # Binding phases of an attempt that is ov
 FINISHED = frozenset({"Succeeded", "Failed"})  # job.FINISHED_PHASES
 WATCHED_KINDS = ("Job", "Binding")
 INTERRUPTED = 130  # the exit code of a command ended by Ctrl-C, as shells report SIGINT
+READ_SIZE = 1 << 16
 T = TypeVar("T")
 
 
@@ -39,8 +41,10 @@ class Interrupted(Exception):
 
 @contextmanager
 def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
-    """While inside, Ctrl-C sets `stop` and the event yielded instead of raising. Both are
-    notify.Stop: a handler that sets a threading.Event may wait for itself forever."""
+    """While inside, Ctrl-C sets `stop` and the event yielded instead of raising; both are
+    set at once where a Ctrl-C came before (`ctrlc.pressed`: its KeyboardInterrupt may have
+    been lost). Both are notify.Stop: a handler that sets a threading.Event may wait for itself
+    forever."""
     from gctl.store import notify
 
     interrupted = notify.Stop()
@@ -50,10 +54,46 @@ def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
         stop.set()
 
     previous = signal.signal(signal.SIGINT, handler)
+    if ctrlc.pressed():
+        handler(signal.SIGINT, None)
     try:
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def read_stdin() -> str:
+    """All of stdin, decoded as sys.stdin would have; Ctrl-C ends the read with
+    KeyboardInterrupt, one that came before it too (`interruptible`)."""
+    import io
+    import os
+    import select
+
+    from gctl.store import notify
+
+    if sys.stdin is None:
+        raise errors.Invalid("<stdin>: cannot read: it is closed")
+    chunks = []
+    with interruptible(notify.Stop()) as interrupted:
+        poller = select.poll()
+        poller.register(sys.stdin.fileno(), select.POLLIN)
+        poller.register(interrupted.fileno(), select.POLLIN)
+        while True:
+            poller.poll()
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            try:
+                chunk = os.read(sys.stdin.fileno(), READ_SIZE)
+            except OSError as exc:
+                raise errors.Invalid(f"<stdin>: cannot read: {exc.strerror}") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+    # A TextIOWrapper, for sys.stdin's universal newlines too.
+    text = io.TextIOWrapper(
+        io.BytesIO(b"".join(chunks)), encoding=sys.stdin.encoding, errors=sys.stdin.errors
+    )
+    return text.read()
 
 
 class _Either:

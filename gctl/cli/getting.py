@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, fields, kinds, queue, selector
-from gctl.cli import fitting, printers, views
+from gctl.cli import fitting, following, printers, views
 from gctl.store import bulk, listing, locations
 
 if TYPE_CHECKING:
@@ -282,11 +282,11 @@ def _get_documents(
 
 def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
     output, db_url = flags.output, flags.db_url
-    following = flags.watch or flags.watch_only
+    watching = flags.watch or flags.watch_only
     keep = _selection(info, flags)
     where = scope(info, flags.namespace, flags.all_namespaces)
-    database = watched(db_url) if following else None
-    if output == "" and not names and not following and info is kinds.JOB:
+    database = watched(db_url) if watching else None
+    if output == "" and not names and not watching and info is kinds.JOB:
         pages = listing.read_pages(locations.resolve_url(db_url), info, where)
         if pages is not None:
             _print_pages(pages, keep, info, where, flags.show_labels)
@@ -323,9 +323,9 @@ def _get_kind(info: kinds.KindInfo, names: list[str], flags: GetFlags) -> None:
         if wires or (output in ("yaml", "json") and not names):
             # Like kubectl: -o yaml|json of nothing is an empty List, which tools can read.
             printers.print_objects(wires, output, table, single=len(names) == 1)
-        elif not names and not following:
+        elif not names and not watching:
             no_resources(info, where)
-    if missing and not following:
+    if missing and not watching:
         for name in missing:
             print(f"error: {not_found(info, name, where)}", file=sys.stderr)
         raise SystemExit(1)
@@ -356,9 +356,13 @@ def _watch(
     output: str,
     table: printers.Table | None,
 ) -> None:
-    from gctl.store import feed
+    from gctl.store import feed, notify
 
-    with feed.Watch(database, since=revision, kinds=[kind]) as changes:
+    stop = notify.Stop()
+    with (
+        following.interruptible(stop) as interrupted,
+        feed.Watch(database, since=revision, kinds=[kind], stop=stop) as changes,
+    ):
         for batch in changes:
             wires = [
                 c.object
@@ -386,3 +390,5 @@ def _watch(
                         + ("" if output == "yaml" else "\n")
                     )
             sys.stdout.flush()
+    if interrupted.is_set():
+        raise SystemExit(following.INTERRUPTED)

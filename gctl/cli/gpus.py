@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, selector
-from gctl.cli import cells, fitting, printers, views
+from gctl.cli import cells, fitting, following, printers, views
 
 if TYPE_CHECKING:
     from gctl.store import db, store
@@ -44,7 +44,7 @@ def get_gpus(
         raise errors.Invalid("get gpus: --field-selector is for stored kinds; name the nodes")
     if output not in ("", "wide", "yaml", "json"):
         raise errors.Invalid(f"-o {output}: gpus print as a table, wide, yaml or json")
-    following = watch or watch_only
+    watching = watch or watch_only
     label_selector = selector.parse(selector_text) if selector_text else None
 
     def wanted(node: Wire) -> bool:
@@ -52,10 +52,10 @@ def get_gpus(
             label_selector is None or label_selector.matches(node["metadata"].get("labels", {}))
         )
 
-    database = getting.watched(db_url) if following else None
+    database = getting.watched(db_url) if watching else None
     listed = getting.list_kind(db_url, kinds.NODE, None, nodes or None)
     missing = sorted(set(nodes) - {w["metadata"]["name"] for w in listed.wires})
-    if missing and not following:
+    if missing and not watching:
         raise errors.NotFound(f'node "{missing[0]}" not found')
     held = getting.list_kind(db_url, kinds.BINDING, None, None)
     tracker = Tracker(wanted)
@@ -71,7 +71,7 @@ def get_gpus(
             sys.stdout.write(text if output == "yaml" else text + "\n")
         elif rows:
             printers.print_objects(rows, output, table, single=False)
-        elif not following:
+        elif not watching:
             print("No resources found.", file=sys.stderr)
     if database is not None:
         sys.stdout.flush()
@@ -89,11 +89,15 @@ def _watch(
     as `get -w` of the other kinds)."""
     from datetime import UTC, datetime
 
-    from gctl.store import feed
+    from gctl.store import feed, notify
 
+    stop = notify.Stop()
     try:
         kinds_watched = [kinds.NODE.kind, kinds.BINDING.kind]
-        with feed.Watch(database, since=revision, kinds=kinds_watched) as changes:
+        with (
+            following.interruptible(stop) as interrupted,
+            feed.Watch(database, since=revision, kinds=kinds_watched, stop=stop) as changes,
+        ):
             for batch in changes:
                 rows = tracker.changed(tracker.apply(batch))
                 if not rows:
@@ -108,6 +112,8 @@ def _watch(
                 sys.stdout.flush()
     finally:
         database.close()
+    if interrupted.is_set():
+        raise SystemExit(following.INTERRUPTED)
 
 
 class Tracker:

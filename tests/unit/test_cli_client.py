@@ -6,11 +6,23 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gctl.cli import client, cmdchild, cmdloop
+from gctl.cli import client, cmdchild, cmdloop, ctrlc
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_it_was(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A _Relay leaves SIGINT to ctrlc's handler, and a Ctrl-C that handler takes stays on
+    ctrlc's record, which every later _Relay of the process would relay: a process is one
+    command, but pytest's runs the tests one after another. Both are put back after each."""
+    monkeypatch.setattr(ctrlc._Record, "came", False)
+    previous = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.parametrize(
