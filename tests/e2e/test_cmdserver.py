@@ -252,9 +252,13 @@ def _exit_code(process: "subprocess.Popen[str]", child: int) -> int | None:
     try:
         return process.wait(timeout=WAIT_S)
     except subprocess.TimeoutExpired:
-        raise AssertionError(
-            f"the caller did not end: caller {_signals(process.pid)}; command {_signals(child)}"
-        ) from None
+        doing = f"caller {_signals(process.pid)}; command {_signals(child)}"
+    process.kill()  # and the server ends its command, so that what it printed can be read
+    try:
+        _, err = process.communicate(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        err = "(the command did not end)"
+    raise AssertionError(f"the caller did not end: {doing}; the command printed {err[-2000:]!r}")
 
 
 def _blocked(pid: int) -> int:
