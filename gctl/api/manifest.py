@@ -42,11 +42,13 @@ class Manifest:
 def read_sources(
     paths: list[str], recursive: bool, stdin_text: str | None = None
 ) -> list[tuple[str, str]]:
-    """Return (display name, text) for each file the paths name, in a stable order."""
+    """Return (display name, text) for each file the paths name, in a stable order. stdin
+    (`-`; `stdin_text`, where the caller has read it) is read once: a second `-` is empty."""
     found: list[tuple[str, str]] = []
     for path in paths:
         if path == STDIN:
             text = stdin_text if stdin_text is not None else _read_stdin()
+            stdin_text = ""
             found.append(("<stdin>", text))
             continue
         target = Path(path)

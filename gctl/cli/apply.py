@@ -158,13 +158,13 @@ class DeletionWait:
                 finally:
                     timer.cancel()
                     timer.join()  # its set done, if it fired: a clear must not race it
+                stop.clear()  # then look: a Ctrl-C's set after the look would be cleared
                 if interrupted.is_set():
                     print(
                         f"interrupted: {_refs(left)} marked for deletion; nothing else applied",
                         file=sys.stderr,
                     )
                     raise SystemExit(following.INTERRUPTED)
-                stop.clear()
                 if self._next_note() <= time.monotonic() < deadline:
                     self._note(left)
         raise errors.GctlError(

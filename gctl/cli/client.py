@@ -342,7 +342,7 @@ class _Relay:
             signal.signal(number, self._relay)
         signal.signal(signal.SIGTSTP, self._stop)
         signal.signal(signal.SIGCONT, self._relay)
-        if ctrlc.pressed() and signal.SIGINT in self.relayed:
+        if signal.SIGINT in self.relayed and ctrlc.take():
             self.pending.append(signal.SIGINT)  # one whose KeyboardInterrupt Python dropped
         return self
 

@@ -99,7 +99,8 @@ def _take_over(request: Request) -> None:
     sys.argv = request.argv
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(number, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, ctrlc.handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ctrlc.install()
     for ignored in request.ignored:
         signal.signal(ignored, signal.SIG_IGN)
     signal.set_wakeup_fd(-1)

@@ -261,9 +261,9 @@ def _wait_gone(database: db.Database, revision: int, left: dict[str | None, Any]
             finally:
                 timer.cancel()
                 timer.join()  # its set done, if it fired: a clear must not race it
+            stop.clear()  # then look: a Ctrl-C's set after the look would be cleared
             if interrupted.is_set():
                 raise SystemExit(following.INTERRUPTED)  # the deletion is written
-            stop.clear()
             whose = "its" if len(left) == 1 else "their"
             why = (
                 f"{time.monotonic() - started:.0f}s so far"

@@ -94,7 +94,7 @@ def _stop_on_signals(*, agent_process: bool = False) -> tuple[threading.Event, l
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, signal.SIG_IGN if agent_process else handler)
-    if ctrlc.pressed() and not agent_process:  # one whose KeyboardInterrupt Python dropped
+    if not agent_process and ctrlc.take():  # one whose KeyboardInterrupt Python dropped
         handler(signal.SIGINT, None)
     return stop, received
 

@@ -42,9 +42,10 @@ class Interrupted(Exception):
 @contextmanager
 def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
     """While inside, Ctrl-C sets `stop` and the event yielded instead of raising; both are
-    set at once where a Ctrl-C came before (`ctrlc.pressed`: its KeyboardInterrupt may have
-    been lost). Both are notify.Stop: a handler that sets a threading.Event may wait for itself
-    forever."""
+    set at once where a Ctrl-C came before that nothing acted on (`ctrlc.take`: its
+    KeyboardInterrupt may have been lost). An ignored SIGINT (`nohup`, a shell's background)
+    stays ignored. Both are notify.Stop: a handler that sets a threading.Event may wait for
+    itself forever."""
     from gctl.store import notify
 
     interrupted = notify.Stop()
@@ -53,8 +54,11 @@ def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
         interrupted.set()
         stop.set()
 
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield interrupted
+        return
     previous = signal.signal(signal.SIGINT, handler)
-    if ctrlc.pressed():
+    if ctrlc.take():
         handler(signal.SIGINT, None)
     try:
         yield interrupted
@@ -63,8 +67,8 @@ def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
 
 
 def read_stdin() -> str:
-    """All of stdin, decoded as sys.stdin would have; Ctrl-C ends the read with
-    KeyboardInterrupt, one that came before it too (`interruptible`)."""
+    """All of stdin, its line ends made `\n` as a manifest file's are; Ctrl-C ends the read
+    with KeyboardInterrupt, one that came before it too (`interruptible`)."""
     import io
     import os
     import select
@@ -73,23 +77,29 @@ def read_stdin() -> str:
 
     if sys.stdin is None:
         raise errors.Invalid("<stdin>: cannot read: it is closed")
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (an embedding's StringIO)
+        return sys.stdin.read()
     chunks = []
     with interruptible(notify.Stop()) as interrupted:
         poller = select.poll()
-        poller.register(sys.stdin.fileno(), select.POLLIN)
+        poller.register(fd, select.POLLIN)
         poller.register(interrupted.fileno(), select.POLLIN)
-        while True:
+        while not interrupted.is_set():
             poller.poll()
             if interrupted.is_set():
-                raise KeyboardInterrupt
+                break
             try:
-                chunk = os.read(sys.stdin.fileno(), READ_SIZE)
+                chunk = os.read(fd, READ_SIZE)
             except OSError as exc:
                 raise errors.Invalid(f"<stdin>: cannot read: {exc.strerror}") from None
             if not chunk:
                 break
             chunks.append(chunk)
-    # A TextIOWrapper, for sys.stdin's universal newlines too.
+    if interrupted.is_set():  # in the read, or after its end before the handler was put back
+        raise KeyboardInterrupt
+    # Decoded as sys.stdin decodes; a TextIOWrapper's universal newlines make the line ends.
     text = io.TextIOWrapper(
         io.BytesIO(b"".join(chunks)), encoding=sys.stdin.encoding, errors=sys.stdin.errors
     )

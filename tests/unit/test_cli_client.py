@@ -180,6 +180,7 @@ def test_a_signal_before_the_command_has_a_process_is_passed_on_once_it_has() ->
 def test_a_signal_no_command_took_is_this_processs_own_again() -> None:
     with pytest.raises(KeyboardInterrupt), client._Relay([]):
         os.kill(os.getpid(), signal.SIGINT)  # the server never answered: Ctrl-C ends gctl
+    assert signal.getsignal(signal.SIGINT) is ctrlc.handler  # the command's own handler again
 
 
 def test_a_stop_before_the_command_has_a_process_waits_for_it() -> None:
