@@ -7,8 +7,8 @@ stdin, `logs -f`, `get -w`) waited for a second one. `handler` records that it r
 raises, and each wait of the CLI takes the record once its own handler is in place (`take`),
 so that no signal falls between the two: `following.interruptible` (`following.read_stdin`
 waits in it), the command server's client before it relays signals, and the daemons' stop.
-A command that does not wait finishes what it was doing, as it would have had the Ctrl-C come
-a moment later.
+A command that does not wait finishes what it was doing and then exits 130 (`main.main`), as
+it would have had the Ctrl-C come a moment later.
 
 Only the standard library's `signal` and `sys`: the command server's client imports this.
 """
@@ -28,9 +28,9 @@ def handler(_signum: int, _frame: object) -> None:
 
 
 def install() -> None:
-    """Take SIGINT over from Python's own handler (an ignored SIGINT, as `nohup` or a shell's
-    background leaves it, stays ignored), and keep quiet about a KeyboardInterrupt that Python
-    drops: the record holds it."""
+    """Take SIGINT over from Python's own handler (an ignored SIGINT, as a shell script leaves
+    it to its background jobs, stays ignored), and keep quiet about a KeyboardInterrupt that
+    Python drops: the record holds it."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, handler)
     if sys.unraisablehook is sys.__unraisablehook__:

@@ -43,8 +43,8 @@ class Interrupted(Exception):
 def interruptible(stop: notify.Stop) -> Iterator[notify.Stop]:
     """While inside, Ctrl-C sets `stop` and the event yielded instead of raising; both are
     set at once where a Ctrl-C came before that nothing acted on (`ctrlc.take`: its
-    KeyboardInterrupt may have been lost). An ignored SIGINT (`nohup`, a shell's background)
-    stays ignored. Both are notify.Stop: a handler that sets a threading.Event may wait for
+    KeyboardInterrupt may have been lost). An ignored SIGINT (a shell script's background
+    job) stays ignored. Both are notify.Stop: a handler that sets a threading.Event may wait for
     itself forever."""
     from gctl.store import notify
 

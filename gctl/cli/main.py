@@ -18,7 +18,7 @@ import typer.main
 from typer.core import TyperGroup
 
 import gctl
-from gctl.cli import objects, serving, workloads
+from gctl.cli import ctrlc, objects, serving, workloads
 from gctl.cli.options import DbOpt, fail
 
 
@@ -127,7 +127,20 @@ def main() -> None:
 
     click's own errors (a missing argument, an unknown flag, a bad value) too: click would
     print the usage and a box around the message; here they are one line naming the command,
-    exit 2 as click's. A command given no arguments that needs some prints its help, exit 2."""
+    exit 2 as click's. A command given no arguments that needs some prints its help, exit 2.
+
+    A command that succeeded after a Ctrl-C that Python lost and no wait took (`ctrlc`) exits
+    130, as a shell counts an interrupted command, so that a loop around it stops."""
+    try:
+        _run()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    if ctrlc.take():
+        raise SystemExit(130)
+
+
+def _run() -> None:
     from typer._click import exceptions as usage
 
     try:

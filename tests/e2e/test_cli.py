@@ -736,6 +736,13 @@ def test_dry_run_takes_kubectls_values(gctl: Gctl, database: db.Database) -> Non
     assert list(stored(database)) == ["hello"]
 
 
+def test_apply_reads_stdin_once(gctl: Gctl, database: db.Database) -> None:
+    """A second `-f -` finds stdin at its end: empty, not the first's objects again."""
+    out = gctl.ok("apply", "-f", "-", "-f", "-", stdin=make_job("hello").yaml())
+    assert out == "job.gctl/hello created\n"
+    assert list(stored(database)) == ["hello"]
+
+
 def test_apply_from_a_closed_stdin_says_so(gctl: Gctl, database: db.Database) -> None:
     done = subprocess.run(
         [GCTL_BIN, "apply", "-f", "-"],
