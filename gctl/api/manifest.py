@@ -39,17 +39,15 @@ class Manifest:
     obj: meta.Resource
 
 
-def read_sources(
-    paths: list[str], recursive: bool, stdin_text: str | None = None
-) -> list[tuple[str, str]]:
-    """Return (display name, text) for each file the paths name, in a stable order. stdin
-    (`-`; `stdin_text`, where the caller has read it) is read once: a second `-` is empty."""
+def read_sources(paths: list[str], recursive: bool, stdin_text: str = "") -> list[tuple[str, str]]:
+    """Return (display name, text) for each file the paths name, in a stable order. `-` is
+    stdin, which the caller reads (`stdin_text`: the CLI's `following.read_stdin`), once: a
+    second `-` is empty."""
     found: list[tuple[str, str]] = []
     for path in paths:
         if path == STDIN:
-            text = stdin_text if stdin_text is not None else _read_stdin()
+            found.append(("<stdin>", stdin_text))
             stdin_text = ""
-            found.append(("<stdin>", text))
             continue
         target = Path(path)
         if target.is_dir():
@@ -64,12 +62,6 @@ def read_sources(
         else:
             raise errors.Invalid(f"{path}: no such file or directory")
     return found
-
-
-def _read_stdin() -> str:
-    import sys
-
-    return sys.stdin.read()
 
 
 def _read_file(path: str | Path) -> str:
@@ -376,9 +368,7 @@ def _message(raw: str) -> str:
     return raw.replace(" after validation", "")
 
 
-def load(
-    paths: list[str], recursive: bool, namespace: str, stdin_text: str | None = None
-) -> list[Manifest]:
+def load(paths: list[str], recursive: bool, namespace: str, stdin_text: str = "") -> list[Manifest]:
     """Read, validate and namespace every object the paths name; refuse duplicates, and
     sources with no object at all (as kubectl refuses "no objects passed to apply")."""
     try:

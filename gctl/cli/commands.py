@@ -29,7 +29,7 @@ def _load(files: list[str], recursive: bool, namespace: str | None) -> list[mani
     """The manifests of `-f`'s files; `-` is stdin, read so that Ctrl-C always ends the read."""
     from gctl.api import manifest
 
-    stdin = following.read_stdin() if manifest.STDIN in files else None
+    stdin = following.read_stdin() if manifest.STDIN in files else ""
     return manifest.load(files, recursive, namespace or kinds.DEFAULT_NAMESPACE, stdin)
 
 

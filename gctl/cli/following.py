@@ -86,8 +86,8 @@ def read_stdin() -> str:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         poller.register(interrupted.fileno(), select.POLLIN)
-        while not interrupted.is_set():
-            poller.poll()
+        while True:
+            poller.poll()  # at once where a Ctrl-C came before (interruptible set it)
             if interrupted.is_set():
                 break
             try:

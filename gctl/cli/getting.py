@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, fields, kinds, queue, selector
-from gctl.cli import fitting, following, printers, views
+from gctl.cli import fitting, printers, views
 from gctl.store import bulk, listing, locations
 
 if TYPE_CHECKING:
@@ -356,6 +356,7 @@ def _watch(
     output: str,
     table: printers.Table | None,
 ) -> None:
+    from gctl.cli import following
     from gctl.store import feed, notify
 
     stop = notify.Stop()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gctl.api import errors, kinds, selector
-from gctl.cli import cells, fitting, following, printers, views
+from gctl.cli import cells, fitting, printers, views
 
 if TYPE_CHECKING:
     from gctl.store import db, store
@@ -89,6 +89,7 @@ def _watch(
     as `get -w` of the other kinds)."""
     from datetime import UTC, datetime
 
+    from gctl.cli import following
     from gctl.store import feed, notify
 
     stop = notify.Stop()
