@@ -211,14 +211,28 @@ def compile_bytecode() -> None:
 HELP = ("-h", "--help")  # `replay --help` is the replay's, not the suite's
 
 
-def is_trace(arg: str) -> bool:
-    return arg.endswith(".csv") or Path(arg).is_file()
+def is_replay(argv: Sequence[str]) -> bool:
+    """`replay TRACE.csv ...` (or `replay --help`): a replay of one's own trace, not the suite's
+    `replay` entry. Any word after `replay` that names no benchmark, is no suite flag and no
+    flag's value is taken for the trace, whatever it names (a missing file, a directory), so
+    that the replay says what is wrong with it."""
+    if argv[:1] != ["replay"]:
+        return False
+    words = iter(argv[1:])
+    for arg in words:
+        if arg in HELP:
+            return True
+        if arg == "--db":
+            next(words, None)  # its value
+        elif not arg.startswith("-") and arg not in BENCHMARKS and arg != "all":
+            return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["replay"] and any(is_trace(arg) or arg in HELP for arg in argv[1:]):
-        return replay.main(argv[1:])  # `replay TRACE.csv ...`: a replay of one's own trace
+    if is_replay(argv):
+        return replay.main(argv[1:])
     args = parse_args(argv)
     backend = "postgresql" if args.db else "sqlite"
     compile_bytecode()

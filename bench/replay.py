@@ -57,6 +57,7 @@ from bench import sim, trace
 from bench.store import BenchError, Context, Result, progress
 from gctl.api import binding, job, meta, pool, queue
 from gctl.store import db, store
+from nodeagent.virtual import MIN_TIME_SCALE
 
 PHILLY = Path(__file__).parent / "traces" / "philly-2017-11-20-3000.csv"  # CC BY 4.0
 SUITE_LIMIT, SUITE_TIME_SCALE = 500, 3600.0
@@ -184,21 +185,27 @@ def replay(
     )
 
 
-def report(metrics: trace.Metrics) -> dict[str, float | int]:
-    """The figures by name, in trace seconds (as printed with --json)."""
+def report(metrics: trace.Metrics) -> dict[str, float | int | None]:
+    """The figures by name, in trace seconds (as printed with --json); one that is not a
+    number (the ratio to a lower bound of 0: every job took no time) is null, as JSON has no
+    NaN."""
+
+    def figure(value: float, digits: int) -> float | None:
+        return round(value, digits) if math.isfinite(value) else None
+
     return {
         "jobs": metrics.jobs,
-        "makespan_s": round(metrics.makespan, 1),
-        "lower_bound_s": round(metrics.lower_bound, 1),
-        "makespan_over_bound": round(metrics.ratio, 4),
-        "jct_mean_s": round(metrics.jct_mean, 1),
-        "jct_p95_s": round(metrics.jct_p95, 1),
-        "queueing_delay_mean_s": round(metrics.queueing_mean, 1),
-        "queueing_delay_p95_s": round(metrics.queueing_p95, 1),
-        "gpu_utilization": round(metrics.utilization, 4),
-        "fifo_reference_makespan_s": round(metrics.fifo_makespan, 1),
-        "easy_reference_makespan_s": round(metrics.easy_makespan, 1),
-        "longest_first_reference_makespan_s": round(metrics.longest_first_makespan, 1),
+        "makespan_s": figure(metrics.makespan, 1),
+        "lower_bound_s": figure(metrics.lower_bound, 1),
+        "makespan_over_bound": figure(metrics.ratio, 4),
+        "jct_mean_s": figure(metrics.jct_mean, 1),
+        "jct_p95_s": figure(metrics.jct_p95, 1),
+        "queueing_delay_mean_s": figure(metrics.queueing_mean, 1),
+        "queueing_delay_p95_s": figure(metrics.queueing_p95, 1),
+        "gpu_utilization": figure(metrics.utilization, 4),
+        "fifo_reference_makespan_s": figure(metrics.fifo_makespan, 1),
+        "easy_reference_makespan_s": figure(metrics.easy_makespan, 1),
+        "longest_first_reference_makespan_s": figure(metrics.longest_first_makespan, 1),
     }
 
 
@@ -267,8 +274,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
         if value < 1:
             parser.error(f"{flag}: give a whole number of 1 or more")
-    if not args.time_scale > 0 or args.limit < 0:
-        parser.error("--time-scale must be above 0 and --limit 0 or more")
+    # As `gctl agent run --simulate --time-scale` takes it: NaN fails this too.
+    if not MIN_TIME_SCALE <= args.time_scale < math.inf:
+        parser.error(f"--time-scale: give a finite number of at least {MIN_TIME_SCALE:g}")
+    if args.limit < 0:
+        parser.error("--limit: give 0 (all) or more")
     return args
 
 
@@ -326,7 +336,7 @@ def main(argv: Sequence[str]) -> int:
         summary |= {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node}
         summary |= {"time_scale": args.time_scale, "trace": str(args.trace)}
         summary |= {"queue_order": args.queue_order, "bind_ahead": args.bind_ahead}
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return 0
 
 

@@ -53,7 +53,9 @@ def simulated_job(
     `time_limit`: its activeDeadlineSeconds, in real seconds; `nodes` above 1: a multi-node Job
     of `gpus` GPUs on each, whose every member lasts `seconds`."""
     return job.Job(
-        metadata=meta.ObjectMeta(name=name, annotations={DURATION_ANNOTATION: f"{seconds:g}"}),
+        metadata=meta.ObjectMeta(
+            name=name, annotations={DURATION_ANNOTATION: repr(float(seconds))}
+        ),
         spec=job.JobSpec(
             command="true",
             resources=job.Resources(gpus=gpus, nodes=nodes if nodes > 1 else None),
@@ -100,8 +102,9 @@ def cluster(
     watcher = job_benchmarks.JobWatcher(database)
     controller = _start(["controller", "run", "--backoff", "1"], url, root / "controller.log")
     agent_args = ["agent", "run", "--simulate", "--virtual-nodes", str(nodes)]
-    agent_args += ["--gpus-per-node", str(gpus_per_node), "--time-scale", f"{time_scale:g}"]
-    agent = _start([*agent_args, "--heartbeat", f"{HEARTBEAT_S:g}"], url, root / "agent.log")
+    agent_args += ["--gpus-per-node", str(gpus_per_node), "--time-scale", repr(time_scale)]
+    agent_args += ["--heartbeat", f"{HEARTBEAT_S:g}", "--state-dir", str(root / "virtual")]
+    agent = _start(agent_args, url, root / "agent.log")
     rig = Cluster(url, database, watcher, controller, agent, root)
     try:
         progress(f"{nodes} virtual nodes x {gpus_per_node} GPUs starting (logs in {root})")

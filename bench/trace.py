@@ -2,7 +2,9 @@
 
 A trace is a CSV with the columns `job_id`, `submit_s`, `duration_s` and `gpus` (other columns,
 such as the Philly trace's `vc`, are ignored). `submit_s` and `duration_s` are seconds; `gpus`
-is a GPU count (a fraction below 1 is allowed, as gctl shares GPUs). Everything here is pure:
+is a GPU count (a fraction up to 1 is allowed, as gctl shares GPUs; above 1, whole GPUs). A
+job's duration is at most a year, as a Job's simulated duration is. The file may begin with a
+byte order mark, as spreadsheets write one. Everything here is pure:
 no database, no processes, so unit tests give it hand-made traces.
 
 A job may span several nodes: it then asks for `gpus` GPUs on each of `nodes` distinct nodes at
@@ -15,6 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from gctl.api import quantity
 
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus")
 EPSILON = 1e-9
@@ -79,7 +83,7 @@ def _number(path: Path, line: int, column: str, text: str | None) -> float:
 def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
     """The first `limit` jobs of the trace in submission order (a stable sort by submit_s)."""
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             header = [name.strip() for name in reader.fieldnames or []]
             missing = [c for c in COLUMNS if c not in header]
@@ -102,10 +106,21 @@ def _row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
     gpus = _number(path, line, "gpus", row["gpus"])
     if gpus == 0:
         raise TraceError(f"{path}: line {line}: gpus must be above 0")
+    if gpus > 1 and not gpus.is_integer():
+        raise TraceError(
+            f"{path}: line {line}: gpus {row['gpus']!r} is neither a fraction of one GPU "
+            "(at most 1) nor a whole number of GPUs"
+        )
+    duration = _number(path, line, "duration_s", row["duration_s"])
+    if duration > quantity.MAX_DURATION_SECONDS:  # as a Job's simulated duration
+        raise TraceError(
+            f"{path}: line {line}: duration_s {row['duration_s']!r} is more than a year "
+            f"({quantity.MAX_DURATION_SECONDS} seconds)"
+        )
     return TraceJob(
         job_id=(row["job_id"] or "").strip(),
         submit=_number(path, line, "submit_s", row["submit_s"]),
-        duration=_number(path, line, "duration_s", row["duration_s"]),
+        duration=duration,
         gpus=gpus,
     )
 

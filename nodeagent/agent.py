@@ -38,6 +38,12 @@ def default_state_dir(node_name: str) -> Path:
     return Path(base) / "gctl" / node_name
 
 
+def default_virtual_state_dir(name_prefix: str) -> Path:
+    """Where a virtual agent (`gctl agent run --simulate`) holds its lock: beside the real
+    agents' state directories, under a name no node can have (`_` is no part of a DNS name)."""
+    return default_state_dir("_virtual") / name_prefix
+
+
 class Agent:
     def __init__(
         self,

@@ -165,13 +165,14 @@ def check(
     raise Taken(refusal(current.name, theirs, now), theirs)
 
 
-def refusal(name: str, theirs: Held, now: datetime) -> str:
-    """The one-line error naming the agent that holds the Node `name`."""
+def refusal(name: str, theirs: Held, now: datetime, flag: str = "--node-name") -> str:
+    """The one-line error naming the agent that holds the Node `name`; `flag` names the
+    Node (a virtual agent's: --name-prefix)."""
     instance = theirs.instance
     return (
         f"node {name}: another agent is running for it, on host {instance.hostname} (pid "
         f"{instance.pid}), {_last_beat(theirs, now)}; stop it first, or give this one another "
-        "--node-name"
+        f"{flag}"
     )
 
 
@@ -187,9 +188,8 @@ def claim(
     agent's hold. True once the Node is this agent's.
 
     A hold whose heartbeat looks fresh by this host's clock is refused at once. Any other is
-    watched, on this host's monotonic clock (as the controller times a node out): refused as
-    soon as its heartbeat moves, taken over once it stood still for its whole silence window;
-    with no `stop` to watch with, or once `stop` is set, False (the caller claims again)."""
+    watched (`watch`); with no `stop` to watch with, or once `stop` is set, False (the caller
+    claims again)."""
     try:
         take(None)
         return True
@@ -199,6 +199,34 @@ def claim(
             raise
     if stop is None:
         return False
+    seen = watch(name, theirs, read, clock, stop)
+    if seen == STOPPED:
+        return False
+    if seen == LET_GO:
+        return claim(name, take, read, clock, stop)
+    take(theirs)  # Taken if it beat since the last look
+    said_taken_over(name, theirs)
+    return True
+
+
+STOPPED, LET_GO, SILENT = "stopped", "let go", "silent"
+
+
+def watch(
+    name: str,
+    theirs: Held,
+    read: Callable[[], Held | None],
+    clock: Callable[[], datetime],
+    stop: threading.Event,
+    *,
+    flag: str = "--node-name",
+) -> str:
+    """Watch another agent's hold on the Node `name`, whose heartbeat looks stale, on this
+    host's monotonic clock (as the controller times a node out): Taken as soon as its
+    heartbeat moves (alive); else SILENT once it stood still for its whole silence window
+    (`AgentInstance.gone_after`: it may be taken over, while it has not moved), LET_GO if it
+    was let go of meanwhile (a clean stop, or the Node deleted: no one's), STOPPED if `stop`
+    was set. `flag`: as for `refusal`."""
     window = theirs.instance.gone_after()
     log.warning(
         "node %s: agent on host %s pid %d last beat at %s; waiting up to %gs to see whether it "
@@ -212,21 +240,23 @@ def claim(
     since = time.monotonic()
     while (left := since + window - time.monotonic()) > 0:
         if stop.wait(min(WATCH_POLL_SECONDS, left)):
-            return False
+            return STOPPED
         seen = read()
-        if seen is None:  # let go of (a clean stop), or the Node deleted: no one's
-            return claim(name, take, read, clock, stop)
+        if seen is None:
+            return LET_GO
         if not theirs.same(seen):  # it heartbeats: alive
-            raise Taken(refusal(name, seen, clock()), seen)
-    take(theirs)  # Taken if it beat since the last look
+            raise Taken(refusal(name, seen, clock(), flag), seen)
+    return SILENT
+
+
+def said_taken_over(name: str, theirs: Held) -> None:
     log.warning(
         "node %s: taking it over from the agent on host %s pid %d, silent for %gs",
         name,
         theirs.instance.hostname,
         theirs.instance.pid,
-        window,
+        theirs.instance.gone_after(),
     )
-    return True
 
 
 def _last_beat(theirs: Held, now: datetime) -> str:

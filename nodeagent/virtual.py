@@ -8,13 +8,13 @@ reason, or Exited with the stop reason when the controller asked for a stop. So 
 cannot tell a virtual node from a real one.
 
 A job's simulated run time is its annotation `gctl/simulated-duration` (seconds, a float, at
-most a year; absent: 0, the job ends at once), divided by the agent's time scale (at most a
-year of real time); its exit code is `gctl/simulated-exit-code` (default 0). A stopped job
+most a year; absent: 0, the job ends at once), divided by the agent's time scale (at most a year
+of real time); its exit code is `gctl/simulated-exit-code` (0 to 255, default 0). A stopped job
 dies at once as if by SIGTERM (exit code 143): stop warnings and grace periods are not
-simulated. Timers live in a heap keyed on an injected monotonic clock; the loop sleeps until
-the next timer, heartbeat or feed wake-up, so an idle virtual agent uses no CPU. Each wake
-reads only the Bindings the feed named or whose timer fired (all of them at start, and after a
-failed write) and writes every report of the wake in one transaction.
+simulated. Timers live in a heap keyed on an injected monotonic clock; the loop sleeps until the
+next timer, heartbeat or feed wake-up, so an idle virtual agent uses no CPU. Each wake reads
+only the Bindings the feed named or whose timer fired (all of them at start, and after a failed
+write) and writes every report of the wake in one transaction.
 """
 
 import heapq
@@ -27,19 +27,25 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import gctl
 from gctl.api import binding, errors, failures, job, meta, node, quantity
 from gctl.store import db, feed, store
+from nodeagent import ownership
 
 log = logging.getLogger("gctl.agent")
 
-DURATION_ANNOTATION = "gctl/simulated-duration"
-EXIT_CODE_ANNOTATION = "gctl/simulated-exit-code"
+DURATION_ANNOTATION = job.ANNOTATION_SIMULATED_DURATION
+EXIT_CODE_ANNOTATION = job.ANNOTATION_SIMULATED_EXIT_CODE
 FAKE_LABEL = "gctl/fake-gpus"  # the same label a real agent on fake GPUs carries
 VIRTUAL_LABEL = "gctl/virtual-node"
+# The slowest time scale (`gctl agent run --time-scale`'s minimum, which the CLI repeats).
+MIN_TIME_SCALE = 1e-9
 SIGTERM_EXIT = 143  # 128 + 15, as supervisor.exit_code_of reports a death by SIGTERM
+RENAME = "--name-prefix"  # how a refusal asks for other Nodes than another agent's
 # Exited attempts need nothing more; Lost ones may still "run" here and must be stopped.
 _SYNCED_PHASES = frozenset({"Pending", "Starting", "Running", "Lost"})
 
@@ -93,30 +99,12 @@ def node_names(count: int, prefix: str) -> list[str]:
 
 
 def simulated_run(owner: job.Job) -> tuple[float, int]:
-    """(seconds, exit code) from the Job's annotations; errors.Invalid names a bad one."""
-    annotations = owner.metadata.annotations
-    values = []
-    for name, default, kind in (
-        (DURATION_ANNOTATION, "0", float),
-        (EXIT_CODE_ANNOTATION, "0", int),
-    ):
-        text = annotations.get(name, default)
-        try:
-            values.append(kind(text))
-        except ValueError:
-            what = "a number of seconds" if kind is float else "a whole number"
-            raise errors.Invalid(f"annotation {name}: {text!r} is not {what}") from None
-    seconds, code = values
-    if not 0 <= seconds < math.inf:  # NaN fails this too
-        raise errors.Invalid(
-            f"annotation {DURATION_ANNOTATION}: {seconds!r} is not a finite, non-negative number"
-        )
-    if seconds > quantity.MAX_DURATION_SECONDS:  # as for a deadline: a typo, or no end at all
-        raise errors.Invalid(
-            f"annotation {DURATION_ANNOTATION}: {seconds:g} is more than a year "
-            f"({quantity.MAX_DURATION_SECONDS} seconds)"
-        )
-    return float(seconds), int(code)
+    """(seconds, exit code) from the Job's annotations; errors.Invalid names a bad one (a Job
+    stored before gctl checked them when applied, or written other than by `gctl apply`)."""
+    try:
+        return job.simulated_run(owner.metadata.annotations)
+    except meta.FieldError as exc:
+        raise errors.Invalid(str(exc)) from None
 
 
 class VirtualAgent:
@@ -134,9 +122,15 @@ class VirtualAgent:
         time_scale: float = 1.0,
         clock: Callable[[], datetime] = meta.utcnow,
         monotonic: Callable[[], float] = time.monotonic,
+        state_dir: Path | None = None,
     ) -> None:
-        if time_scale <= 0:
-            raise errors.Invalid(f"time scale {time_scale:g}: must be above 0")
+        """`state_dir`: where this agent holds its lock (`ownership.StateLock`), so that a second
+        virtual agent for these Nodes on this host refuses to start and the next one after this
+        one, dead, takes them at once; None: no lock (the Nodes' holds alone say who acts)."""
+        if not MIN_TIME_SCALE <= time_scale < math.inf:  # NaN fails this too
+            raise errors.Invalid(
+                f"time scale {time_scale:g}: must be a finite number of at least {MIN_TIME_SCALE:g}"
+            )
         self.db = database
         self.names = node_names(nodes, name_prefix)
         self._name_set = frozenset(self.names)
@@ -159,6 +153,18 @@ class VirtualAgent:
         self._written: set[int] = set()  # revisions of our own reports: no wake-up for them
         # uid of an attempt "running" here -> the attempts bound ahead that wait for it
         self._waiting: dict[str, set[Key]] = {}
+        # One agent for these Nodes, as for a real one (nodeagent/ownership.py): this one's
+        # hold, written into each Node; nothing runs on this host that must outlive it, so it
+        # has no fence, and is gone once its heartbeat stood still for its silence window.
+        self.instance = ownership.new_instance(heartbeat_seconds, 0.0, 0.0, clock())
+        self._state_lock = (
+            None
+            if state_dir is None
+            else ownership.StateLock(
+                state_dir, f"{self.names[0]}..{self.names[-1]}", self.instance.id
+            )
+        )
+        self._refused = ""  # the Node whose hold the last claim refused
 
     # -- the Nodes -----------------------------------------------------------------------------
 
@@ -179,12 +185,7 @@ class VirtualAgent:
     def _nodes(self, writer: store.Store) -> list[node.Node]:
         """These Nodes as stored, after creating the missing ones (a deleted Node comes back
         on the next heartbeat, as with a real agent)."""
-        wires = [
-            wire
-            for start in range(0, len(self.names), CHUNK)
-            for wire in writer.list_wire(node.Node, names=self.names[start : start + CHUNK])
-        ]
-        found = [node.Node.model_validate(w) for w in wires]
+        found = self._stored(writer)
         known = {n.name for n in found}
         created = writer.create_many(
             [
@@ -199,13 +200,104 @@ class VirtualAgent:
             )
         return found + created
 
+    def _predecessors(self) -> frozenset[str]:
+        return self._state_lock.predecessors if self._state_lock is not None else frozenset()
+
+    def claim(self, stop: threading.Event | None = None) -> bool:
+        """Make every one of these Nodes this agent's before it acts for them, as a real agent
+        claims its Node (`Agent.claim`): ownership.Taken (one line naming the other agent) if
+        another agent holds one of them and is alive. A hold whose heartbeat looks stale is
+        watched (`ownership.watch`) and taken over once it stood still for its whole silence
+        window, one holder after another. True once all are this agent's; False where that
+        means watching and there is no `stop` to watch with, or `stop` was set meanwhile."""
+        silent: list[tuple[str, ownership.Held]] = []  # (a Node, its hold) watched silent
+        while True:
+            try:
+                store.transact(self.db, lambda writer: self._claim(writer, silent))
+                break
+            except ownership.Taken as exc:
+                theirs, name = exc.held, self._refused
+                if theirs is None or theirs.looks_fresh(self.clock()):
+                    raise
+            if stop is None:
+                return False
+            read = partial(self._held, name)
+            seen = ownership.watch(name, theirs, read, self.clock, stop, flag=RENAME)
+            if seen == ownership.STOPPED:
+                return False
+            if seen == ownership.SILENT:
+                silent.append((name, theirs))
+        for name, theirs in silent:
+            ownership.said_taken_over(name, theirs)
+        if self._state_lock is not None:
+            self._state_lock.claimed()
+        return True
+
+    def _claim(self, writer: store.Store, silent: list[tuple[str, ownership.Held]]) -> None:
+        """This agent's hold and heartbeat written into each of these Nodes that exists (the
+        others are made, held, at the first heartbeat); ownership.Taken for the first held by
+        another agent, but with a hold in `silent`, unmoved."""
+        now = self.clock()
+        for stored in self._stored(writer):
+            theirs = ownership.held(stored, self.instance, self._predecessors())
+            if theirs is not None and not any(theirs.same(held) for _, held in silent):
+                self._refused = stored.name
+                raise ownership.Taken(ownership.refusal(stored.name, theirs, now, RENAME), theirs)
+            stored.status.agent_instance = self.instance
+            stored.status.heartbeat_time = now
+            writer.update_status(stored)
+
+    def _held(self, name: str) -> ownership.Held | None:
+        """Another agent's hold on the Node `name`, as stored now."""
+        with self.db.read() as session:
+            found = store.Store(session).find(node.Node, name)
+        return ownership.held(found, self.instance, self._predecessors())
+
+    def release(self) -> None:
+        """Let go of these Nodes, where this agent holds them, so that another agent may start
+        for them at once (their heartbeats stay: the controller still judges them by those)."""
+
+        def work(writer: store.Store) -> None:
+            for stored in self._stored(writer):
+                held = stored.status.agent_instance
+                if held is not None and held.id == self.instance.id:
+                    stored.status.agent_instance = None
+                    writer.update_status(stored)
+
+        try:
+            store.transact(self.db, work)
+        except errors.GctlError as exc:  # the database is away: the heartbeats go stale
+            log.warning("letting go of the virtual nodes: %s", exc)
+
+    def abandon(self) -> None:
+        """After a claim that failed, or once stopped: let go of the state directory, so that
+        an agent built again in this process (`gctl agent run` waiting for its database) can
+        take it."""
+        if self._state_lock is not None:
+            self._state_lock.release()
+
+    def _stored(self, writer: store.Store) -> list[node.Node]:
+        """These Nodes as stored (those that exist)."""
+        wires = [
+            wire
+            for start in range(0, len(self.names), CHUNK)
+            for wire in writer.list_wire(node.Node, names=self.names[start : start + CHUNK])
+        ]
+        return [node.Node.model_validate(w) for w in wires]
+
     def heartbeat(self) -> None:
-        """Register or refresh every Node: GPUs, heartbeat, Ready; all in one transaction."""
+        """Register or refresh every Node: GPUs, heartbeat, Ready, this agent's hold; all in
+        one transaction. ownership.Taken if another agent has taken one of them meanwhile."""
         now = self.clock()
         hostname = socket.gethostname()
 
         def work(writer: store.Store) -> None:
             for stored in self._nodes(writer):
+                theirs = ownership.held(stored, self.instance, self._predecessors())
+                if theirs is not None:
+                    raise ownership.Taken(
+                        ownership.refusal(stored.name, theirs, now, RENAME), theirs
+                    )
                 current = stored
                 if any(stored.metadata.labels.get(k) != v for k, v in self.labels.items()):
                     stored.metadata.labels = {**stored.metadata.labels, **self.labels}
@@ -215,6 +307,7 @@ class VirtualAgent:
                 status.heartbeat_time = now
                 status.hostname = hostname
                 status.agent_version = gctl.__version__
+                status.agent_instance = self.instance
                 meta.set_condition(
                     status.conditions,
                     "Ready",
@@ -446,7 +539,17 @@ class VirtualAgent:
         return max(0.0, due - self.monotonic())
 
     def run(self, stop: threading.Event) -> None:
-        """Heartbeat and simulate until `stop` is set; wakes on the feed, timers, heartbeats."""
+        """Heartbeat and simulate until `stop` is set; wakes on the feed, timers, heartbeats.
+        Ends with ownership.Taken if another agent takes one of the Nodes meanwhile; lets go
+        of them when it ends."""
+        try:
+            if self.claim(stop):
+                self._run(stop)
+        finally:
+            self.release()
+            self.abandon()
+
+    def _run(self, stop: threading.Event) -> None:
         self.heartbeat()
         log.info("%d virtual node(s) %s..%s", len(self.names), self.names[0], self.names[-1])
         with self.db.read() as session:
@@ -463,6 +566,8 @@ class VirtualAgent:
                 if self.monotonic() >= next_beat:
                     self.heartbeat()
                     next_beat = self.monotonic() + self.heartbeat_seconds
+            except ownership.Taken:  # another agent acts for one of these Nodes: this one stops
+                raise
             except Exception as exc:  # the loop never dies: log, read everything again shortly
                 self._failures.failed("virtual agent pass", exc)
                 self.resync()

@@ -66,6 +66,15 @@ def command_server_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     cmdserver.stop_all(str(where))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agents' default state directories (`gctl agent run` without --state-dir, its
+    virtual nodes' locks) in the session's own temporary directory, never the user's."""
+    where = tmp_path_factory.mktemp("state-home")
+    os.environ["XDG_STATE_HOME"] = str(where)
+    return where
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     if PG_ADMIN == "skip":

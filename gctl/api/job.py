@@ -51,6 +51,12 @@ REQUEUE_REASONS: frozenset[str] = frozenset({REASON_PREEMPTED, REASON_EVICTED})
 # controller runs the Job again once per token and records the token in status.rerun.
 ANNOTATION_RERUN = "gctl/rerun"
 ANNOTATION_RERUN_REASON = "gctl/rerun-reason"
+# On a virtual node (`gctl agent run --simulate`) a Job "runs" for SIMULATED_DURATION seconds
+# of simulated time (absent: 0) and ends with SIMULATED_EXIT_CODE (absent: 0); a real node
+# ignores both. Checked when applied (`simulated_run`), and again by the virtual node.
+ANNOTATION_SIMULATED_DURATION = "gctl/simulated-duration"
+ANNOTATION_SIMULATED_EXIT_CODE = "gctl/simulated-exit-code"
+MAX_EXIT_CODE = 255  # what a process's exit status holds
 
 # The most nodes one multi-node Job may span.
 MAX_NODES = 256
@@ -333,6 +339,14 @@ class Job(meta.Resource):
     spec: JobSpec
     status: JobStatus = Field(default_factory=JobStatus)
 
+    @model_validator(mode="after")
+    def _simulation(self, info: ValidationInfo) -> "Job":
+        """A manifest's simulation annotations, checked when applied; a stored Job's are the
+        virtual node's to judge (it reports a bad one as the Job's start error)."""
+        if info.context and info.context.get("input"):
+            simulated_run(self.metadata.annotations)
+        return self
+
     def waits_for(self) -> list[tuple[str, str]]:
         return [(f"spec.dependsOn[{i}]", name) for i, name in enumerate(self.spec.depends_on)]
 
@@ -341,6 +355,38 @@ class Job(meta.Resource):
         command follow it, being relative to workingDir)."""
         if self.spec.working_dir:  # (a pydantic model's assignment costs, even unchanged)
             self.spec.working_dir = absolute(self.spec.working_dir, directory, "spec.workingDir")
+
+
+def simulated_run(annotations: dict[str, str]) -> tuple[float, int]:
+    """(seconds, exit code) of a Job's run on a virtual node, from its annotations: seconds a
+    finite number from 0 to a year (as for a deadline: more is a typo, or no end at all), the
+    exit code a whole number from 0 to 255. meta.FieldError names a bad one."""
+    duration_field = f"metadata.annotations[{ANNOTATION_SIMULATED_DURATION}]"
+    text = annotations.get(ANNOTATION_SIMULATED_DURATION, "0")
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise meta.FieldError(duration_field, f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):  # NaN fails this too
+        raise meta.FieldError(
+            duration_field, f"{seconds!r} is not a finite, non-negative number of seconds"
+        )
+    if seconds > quantity.MAX_DURATION_SECONDS:
+        raise meta.FieldError(
+            duration_field,
+            f"{seconds:g} is more than a year ({quantity.MAX_DURATION_SECONDS} seconds)",
+        )
+    text = annotations.get(ANNOTATION_SIMULATED_EXIT_CODE, "0")
+    try:
+        code = int(text)
+    except ValueError:
+        code = -1
+    if not 0 <= code <= MAX_EXIT_CODE:
+        raise meta.FieldError(
+            f"metadata.annotations[{ANNOTATION_SIMULATED_EXIT_CODE}]",
+            f"{text!r} is not an exit code: give a whole number from 0 to {MAX_EXIT_CODE}",
+        )
+    return seconds, code
 
 
 def rerun_requested(j: Job) -> str | None:

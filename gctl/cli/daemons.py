@@ -25,6 +25,7 @@ from gctl.cli import ctrlc
 
 if TYPE_CHECKING:
     import nodeagent.agent
+    import nodeagent.virtual
     from controller import sync as syncer
     from gctl.store import db
 
@@ -55,6 +56,7 @@ class VirtualOptions:
     labels: list[str]
     heartbeat_seconds: float
     time_scale: float
+    state_dir: Path | None = None  # where its lock lives (None: agent.default_virtual_state_dir)
 
 
 def _logging() -> None:
@@ -152,13 +154,14 @@ def _agent_runner(
 def _virtual_runner(
     opened: "_Opened", db_url: str | None, options: VirtualOptions
 ) -> Callable[[threading.Event], None]:
-    from nodeagent import virtual
+    from nodeagent import agent, virtual
 
     try:
         names.check_dns_subdomain(virtual.node_names(options.nodes, options.name_prefix)[-1])
     except ValueError as exc:
         raise errors.Invalid(f"--name-prefix: {exc}") from None
-    return virtual.VirtualAgent(
+    state_dir = options.state_dir or agent.default_virtual_state_dir(options.name_prefix)
+    the_agent = virtual.VirtualAgent(
         opened.database(db_url),
         nodes=options.nodes,
         gpus_per_node=options.gpus_per_node,
@@ -168,7 +171,15 @@ def _virtual_runner(
         labels=_labels(options.labels),
         heartbeat_seconds=options.heartbeat_seconds,
         time_scale=options.time_scale,
-    ).run
+        state_dir=state_dir.resolve(),
+    )
+    try:
+        the_agent.claim()  # another agent for one of the Nodes stops this one here, in one line
+    except BaseException:
+        the_agent.abandon()
+        raise
+    opened.agent = the_agent
+    return the_agent.run
 
 
 def _controller_runner(
@@ -217,7 +228,7 @@ class _Opened:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.databases: list[db.Database] = []
-        self.agent: nodeagent.agent.Agent | None = None
+        self.agent: nodeagent.agent.Agent | nodeagent.virtual.VirtualAgent | None = None
 
     def database(self, db_url: str | None) -> "db.Database":
         from gctl.store import db

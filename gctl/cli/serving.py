@@ -24,14 +24,30 @@ FakeGpusOpt = Annotated[
     typer.Option("--fake-gpus", help="Offer N fake GPUs instead of asking NVML.", min=0),
 ]
 GpuModelOpt = Annotated[str, typer.Option("--gpu-model", help="Model name of fake GPUs.")]
-GpuMemoryOpt = Annotated[str, typer.Option("--gpu-memory", help="Memory of each fake GPU.")]
+
+
+def _memory(param: typer.CallbackParam, value: str) -> str:
+    from gctl.api import quantity  # the standard library only: nothing heavy
+
+    try:
+        quantity.parse_bytes(value)
+    except ValueError as exc:
+        fail(f"{param.opts[0]}: {exc}")
+    return value
+
+
+GpuMemoryOpt = Annotated[
+    str, typer.Option("--gpu-memory", help="Memory of each fake GPU.", callback=_memory)
+]
 NodeNameOpt = Annotated[
     str | None, typer.Option("--node-name", help="This node's name (default: the host name).")
 ]
 StateDirOpt = Annotated[
     str | None,
     typer.Option(
-        "--state-dir", help="Where attempts and logs live (default: ~/.local/state/gctl/NODE)."
+        "--state-dir",
+        help="Where attempts and logs live (default: ~/.local/state/gctl/NODE; with --simulate, "
+        "the virtual agent's lock: ~/.local/state/gctl/_virtual/PREFIX).",
     ),
 ]
 LabelOpt = Annotated[
@@ -136,7 +152,7 @@ TimeScaleOpt = Annotated[
     typer.Option(
         "--time-scale",
         help="With --simulate: run simulated time this many times faster.",
-        min=1e-9,
+        min=1e-9,  # nodeagent.virtual.MIN_TIME_SCALE
         callback=_finite,
     ),
 ]
@@ -235,8 +251,26 @@ def controller_run(
     daemons.controller(db, node_timeout, backoff, syncs)
 
 
+def _given(ctx: typer.Context, *params: str) -> list[str]:
+    """Which of the command's `params` the user gave (on the command line or through an
+    environment variable), as their flags."""
+    given = []
+    for param in ctx.command.params:
+        if param.name in params:
+            source = ctx.get_parameter_source(param.name)
+            if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+                given.append(param.opts[0])
+    return given
+
+
+# What `gctl agent run` takes only with --simulate, and only without it.
+_SIMULATE_ONLY = ("gpus_per_node", "time_scale", "name_prefix")
+_PROCESSES_ONLY = ("grace_period", "fence_after")
+
+
 @agent_app.command("run")
 def agent_run(
+    ctx: typer.Context,
     fake_gpus: FakeGpusOpt = None,
     gpu_model: GpuModelOpt = "Fake GPU",
     gpu_memory: GpuMemoryOpt = "80Gi",
@@ -255,6 +289,8 @@ def agent_run(
     db: DbOpt = None,
 ) -> None:
     """Run a node agent for this host in the foreground (or, with --simulate, virtual nodes)."""
+    from pathlib import Path
+
     from gctl.cli import daemons
 
     if simulate or virtual_nodes is not None:
@@ -264,6 +300,8 @@ def agent_run(
             fail("--simulate: use --gpus-per-node and --name-prefix, not --fake-gpus/--node-name")
         if address is not None:
             fail("--simulate: virtual nodes run nothing to reach: leave --address out")
+        for flag in _given(ctx, *_PROCESSES_ONLY):
+            fail(f"--simulate: virtual nodes run no processes to stop: leave {flag} out")
         daemons.virtual_agent(
             db,
             daemons.VirtualOptions(
@@ -275,9 +313,12 @@ def agent_run(
                 labels=label or [],
                 heartbeat_seconds=heartbeat,
                 time_scale=time_scale,
+                state_dir=Path(state_dir) if state_dir else None,
             ),
         )
         return
+    for flag in _given(ctx, *_SIMULATE_ONLY):
+        fail(f"{flag}: give --simulate too (it sets up virtual nodes)")
     options = _agent_options(
         node_name,
         fake_gpus,

@@ -957,6 +957,42 @@ def test_bad_manifest_writes_nothing(
             "--simulate: virtual nodes run nothing to reach: leave --address out",
             id="simulate-address",
         ),
+        # A flag one kind of agent would ignore: said, not ignored (QA ran both unaware).
+        pytest.param(
+            ["agent", "run", "--simulate", "--fence-after", "5"],
+            "--simulate: virtual nodes run no processes to stop: leave --fence-after out",
+            id="simulate-fence",
+        ),
+        pytest.param(
+            ["agent", "run", "--simulate", "--grace-period", "3"],
+            "leave --grace-period out",
+            id="simulate-grace",
+        ),
+        pytest.param(
+            ["agent", "run", "--fake-gpus", "1", "--time-scale", "100"],
+            "--time-scale: give --simulate too (it sets up virtual nodes)",
+            id="real-time-scale",
+        ),
+        pytest.param(
+            ["agent", "run", "--fake-gpus", "1", "--gpus-per-node", "4"],
+            "--gpus-per-node: give --simulate too",
+            id="real-gpus-per-node",
+        ),
+        pytest.param(
+            ["agent", "run", "--name-prefix", "gpu"],
+            "--name-prefix: give --simulate too",
+            id="real-name-prefix",
+        ),
+        pytest.param(
+            ["agent", "run", "--simulate", "--gpu-memory", "banana"],
+            "--gpu-memory: 'banana' is not a memory quantity",
+            id="simulate-gpu-memory",
+        ),
+        pytest.param(
+            ["up", "--fake-gpus", "1", "--gpu-memory", "0"],
+            "--gpu-memory: must be greater than zero",
+            id="up-gpu-memory",
+        ),
         pytest.param(
             ["apply", "-f", "comments.yaml", "-o", "name"],
             "comments.yaml: no objects",

@@ -4,13 +4,18 @@ Each test plays the scheduler by writing a Binding, then calls `sync()` as the a
 would after the change feed or a timer woke it, moving the injected clocks by hand.
 """
 
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gctl.api import binding, job, meta, node
 from gctl.store import db, store
-from nodeagent import virtual
+from nodeagent import agent, gpus, ownership, virtual
 from tests.builders import bind_first_attempt
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -232,11 +237,18 @@ def test_a_chain_of_attempts_bound_ahead_runs_one_after_another(database: db.Dat
         ("-1", "is not a finite, non-negative"),
         ("nan", "is not a finite, non-negative"),
         ("1e300", "1e+300 is more than a year (31536000 seconds)"),
+        ("code 300", "'300' is not an exit code: give a whole number from 0 to 255"),
+        ("code 99999999999999999999", "'99999999999999999999' is not an exit code"),
+        ("code -1", "'-1' is not an exit code"),
     ],
 )
 def test_a_bad_duration_is_a_start_error(database: db.Database, value: str, message: str) -> None:
+    """A Job stored with annotations `gctl apply` refuses (written by other means, or before
+    apply checked them): its attempt ends, and the GPU is free; it does not hang Running."""
     agent = make_agent(database, FakeTime())
-    bind(database, "bad", {virtual.DURATION_ANNOTATION: value})
+    code = value.removeprefix("code ")
+    annotation = virtual.EXIT_CODE_ANNOTATION if code != value else virtual.DURATION_ANNOTATION
+    bind(database, "bad", {annotation: code})
     step(agent)
     done = attempt(database, "bad")
     assert (done.phase, done.exit_code, done.reason) == ("Exited", 127, "StartError")
@@ -259,3 +271,172 @@ def test_a_year_at_the_slowest_time_scale_still_has_an_end(database: db.Database
     step(agent)
     assert attempt(database, "year").phase == "Running"
     assert agent.next_wake(next_beat=10**12) == pytest.approx(365 * 86_400)
+
+
+# -- one agent for these Nodes (nodeagent/ownership.py), as for a real one -----------------------
+
+
+def held_by(database: db.Database) -> dict[str, str | None]:
+    """Each Node's holder, by instance id."""
+    with database.read() as session:
+        found = store.Store(session).list_objects(node.Node)
+    return {n.name: n.status.agent_instance.id if n.status.agent_instance else None for n in found}
+
+
+def owned_agent(
+    database: db.Database, state_dir: Path | None, clock: FakeTime, **kwargs: Any
+) -> virtual.VirtualAgent:
+    return virtual.VirtualAgent(
+        database,
+        nodes=2,
+        gpus_per_node=4,
+        clock=clock.wall,
+        monotonic=clock.monotonic,
+        state_dir=state_dir,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def made() -> Iterator[list[virtual.VirtualAgent]]:
+    """Agents a test made: their state directories let go of after it."""
+    agents: list[virtual.VirtualAgent] = []
+    yield agents
+    for each in agents:
+        each.abandon()
+
+
+def test_virtual_nodes_are_held_and_a_second_agent_on_this_host_refuses(
+    database: db.Database, tmp_path: Path, made: list[virtual.VirtualAgent]
+) -> None:
+    """QA: a second `gctl agent run --simulate` for the same Nodes started beside the first,
+    and rewrote their GPUs while the first acted for them."""
+    clock = FakeTime()
+    first = owned_agent(database, tmp_path / "a", clock)
+    made.append(first)
+    assert first.claim()
+    first.heartbeat()
+    assert held_by(database) == {"vnode-0001": first.instance.id, "vnode-0002": first.instance.id}
+    with pytest.raises(ownership.Taken, match=r"node vnode-0001\.\.vnode-0002: another agent"):
+        made.append(owned_agent(database, tmp_path / "a", clock))
+    other = owned_agent(database, tmp_path / "b", clock)  # another host's, or another directory
+    made.append(other)
+    with pytest.raises(ownership.Taken) as refused:
+        other.claim()
+    assert str(refused.value).startswith("node vnode-0001: another agent is running for it")
+    assert str(refused.value).endswith("give this one another --name-prefix")
+    assert held_by(database)["vnode-0001"] == first.instance.id
+
+
+def test_virtual_and_real_agents_refuse_each_others_nodes(
+    database: db.Database, tmp_path: Path, made: list[virtual.VirtualAgent]
+) -> None:
+    """QA: a virtual agent named its Nodes as a live real agent's and took over its node: the
+    real job was stopped and reported Succeeded at its simulated end."""
+    real = agent.Agent(database, "vnode-0002", gpus.FakeGPUs(1), tmp_path / "real")
+    try:
+        real.claim()
+        real.heartbeat()
+        simulated = virtual.VirtualAgent(  # on the real clock, as the real agent's
+            database, nodes=2, gpus_per_node=4, state_dir=tmp_path / "virtual"
+        )
+        made.append(simulated)
+        with pytest.raises(ownership.Taken, match="node vnode-0002: another agent is running"):
+            simulated.claim()
+        assert held_by(database) == {"vnode-0002": real.instance.id}
+    finally:
+        real.close()
+    simulated.claim()
+    simulated.heartbeat()
+    again = agent.Agent(database, "vnode-0001", gpus.FakeGPUs(1), tmp_path / "real")
+    try:
+        with pytest.raises(ownership.Taken, match="node vnode-0001: another agent is running"):
+            again.claim()
+    finally:
+        again.abandon()
+
+
+def test_a_virtual_agent_after_a_dead_one_takes_its_nodes_at_once(
+    database: db.Database, tmp_path: Path, made: list[virtual.VirtualAgent]
+) -> None:
+    """Killed, its hold on the state directory goes with it; the next one there knows the
+    Nodes' hold as its predecessor's, and does not wait for its heartbeat to go stale."""
+    clock = FakeTime()
+    dead = owned_agent(database, tmp_path / "state", clock)
+    dead.claim()
+    dead.heartbeat()
+    dead.abandon()  # what the kernel does when it dies
+    restarted = owned_agent(database, tmp_path / "state", clock)
+    made.append(restarted)
+    assert restarted.claim()
+    restarted.heartbeat()
+    assert set(held_by(database).values()) == {restarted.instance.id}
+
+
+def test_a_stopped_virtual_agent_lets_go_of_its_nodes(
+    database: db.Database, tmp_path: Path
+) -> None:
+    simulated = virtual.VirtualAgent(
+        database, nodes=2, gpus_per_node=1, state_dir=tmp_path / "state"
+    )
+    stop = threading.Event()
+    running = threading.Thread(target=simulated.run, args=(stop,))
+    running.start()
+    try:
+        deadline = time.monotonic() + 30
+        while set(held_by(database).values()) != {simulated.instance.id}:
+            assert time.monotonic() < deadline, "the agent never held its Nodes"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        running.join(30)
+    assert held_by(database) == {"vnode-0001": None, "vnode-0002": None}
+    nxt = virtual.VirtualAgent(database, nodes=2, gpus_per_node=1, state_dir=tmp_path / "next")
+    try:
+        assert nxt.claim()  # at once: no one holds them
+    finally:
+        nxt.abandon()
+
+
+def test_a_virtual_agent_whose_node_is_taken_over_stops(
+    database: db.Database, tmp_path: Path, made: list[virtual.VirtualAgent]
+) -> None:
+    clock = FakeTime()
+    first = owned_agent(database, tmp_path / "a", clock)
+    made.append(first)
+    first.claim()
+    first.heartbeat()
+    with database.write() as session:  # another agent took one over (it watched it silent)
+        writer = store.Store(session)
+        taken = writer.get(node.Node, "vnode-0002")
+        taken.status.agent_instance = ownership.new_instance(10, 0, 0, clock.wall())
+        writer.update_status(taken)
+    with pytest.raises(ownership.Taken, match="node vnode-0002: another agent"):
+        first.heartbeat()
+
+
+def test_holders_silent_for_their_window_are_taken_over_one_after_another(
+    database: db.Database,
+    tmp_path: Path,
+    made: list[virtual.VirtualAgent],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each Node held by a different agent gone silent (one that held the first Node, another
+    the second): both watched, both taken over; with no stop to watch with, not yet."""
+    monkeypatch.setattr(node, "SILENT_MIN_S", 0.3)
+    clock = FakeTime()
+    owned_agent(database, None, clock).heartbeat()  # the Nodes, as a virtual agent made them
+    with database.write() as session:
+        writer = store.Store(session)
+        for name in ("vnode-0001", "vnode-0002"):
+            held = writer.get(node.Node, name)
+            held.status.agent_instance = ownership.new_instance(0.1, 0, 0, clock.wall())
+            held.status.heartbeat_time = clock.wall() - timedelta(minutes=5)
+            writer.update_status(held)
+    taker = owned_agent(database, tmp_path / "taker", clock)
+    made.append(taker)
+    assert not taker.claim()  # it would have to watch them: later, with a stop
+    started = time.monotonic()
+    assert taker.claim(threading.Event())
+    assert time.monotonic() - started >= 2 * 0.3
+    assert set(held_by(database).values()) == {taker.instance.id}

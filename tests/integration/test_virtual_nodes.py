@@ -46,6 +46,7 @@ def cluster(database: db.Database, tmp_path: Path) -> Iterator[db.Database]:
             [
                 *("agent", "run", "--simulate", "--virtual-nodes", str(NODES)),
                 *("--gpus-per-node", str(GPUS), "--time-scale", str(SCALE), "--heartbeat", "0.5"),
+                *("--state-dir", str(tmp_path / "virtual")),
             ],
         ),
     ):
@@ -92,7 +93,7 @@ def phases(database: db.Database) -> dict[str, str]:
 
 
 def test_simulated_jobs_run_for_their_scaled_duration_and_stop_when_deleted(
-    cluster: db.Database,
+    cluster: db.Database, tmp_path: Path
 ) -> None:
     database = cluster
     beats = ready_nodes(database)
@@ -128,6 +129,37 @@ def test_simulated_jobs_run_for_their_scaled_duration_and_stop_when_deleted(
         "a later heartbeat", lambda: all(ready_nodes(database)[n] > t for n, t in beats.items())
     )
     deleting_a_running_job_stops_it(database)
+    a_second_agent_for_the_nodes_refuses(database, tmp_path)
+
+
+def a_second_agent_for_the_nodes_refuses(database: db.Database, tmp_path: Path) -> None:
+    """(Part of the test above.) Another `gctl agent run --simulate` for these Nodes, from
+    another state directory (on another host, say), and a real agent named as one of them:
+    each refuses in one line, and the Nodes stay the running agent's."""
+    held = {n.name: n.status.agent_instance for n in _nodes(database)}
+    assert len({h.id for h in held.values() if h is not None}) == 1
+    for args in (
+        ["--simulate", "--virtual-nodes", "2", "--state-dir", str(tmp_path / "second")],
+        ["--fake-gpus", "1", "--node-name", "vnode-0002", "--state-dir", str(tmp_path / "real")],
+    ):
+        done = subprocess.run(
+            [GCTL_BIN, "agent", "run", *args, "--db", database.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert lines[-1].startswith("error: node vnode-000"), lines
+        assert "another agent is running for it" in lines[-1]
+        assert "Traceback" not in done.stderr
+    assert {n.name: n.status.agent_instance for n in _nodes(database)} == held
+
+
+def _nodes(database: db.Database) -> list[node.Node]:
+    with database.read() as session:
+        return store.Store(session).list_objects(node.Node)
 
 
 def deleting_a_running_job_stops_it(database: db.Database) -> None:

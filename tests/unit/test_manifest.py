@@ -219,6 +219,42 @@ def test_durations_up_to_a_year_are_accepted() -> None:
     assert parsed.obj.spec.active_deadline_seconds == quantity.MAX_DURATION_SECONDS == 365 * 86_400
 
 
+@pytest.mark.parametrize(
+    ("annotations", "where"),
+    [
+        ("{gctl/simulated-duration: soon}", "[gctl/simulated-duration]: 'soon' is not a number"),
+        ("{gctl/simulated-duration: '-1'}", "[gctl/simulated-duration]: -1.0 is not a finite"),
+        ("{gctl/simulated-duration: 'nan'}", "[gctl/simulated-duration]: nan is not a finite"),
+        ("{gctl/simulated-duration: '4e7'}", "4e+07 is more than a year"),
+        ("{gctl/simulated-exit-code: '300'}", "[gctl/simulated-exit-code]: '300' is not an exit"),
+        ("{gctl/simulated-exit-code: '-1'}", "'-1' is not an exit code"),
+        ("{gctl/simulated-exit-code: '1.5'}", "'1.5' is not an exit code"),
+        ("{gctl/simulated-exit-code: '1e20'}", "'1e20' is not an exit code"),
+    ],
+)
+def test_a_bad_simulation_annotation_is_refused_when_applied(annotations: str, where: str) -> None:
+    """What a virtual node would only find when it starts the Job, one line at apply."""
+    text = f"apiVersion: gctl/v1\nkind: Job\nmetadata: {{name: v, annotations: {annotations}}}\n"
+    with pytest.raises(errors.Invalid) as caught:
+        manifest.parse("v.yaml", text + "spec: {command: x}\n")
+    message = str(caught.value)
+    assert message.startswith('v.yaml: document 1 (Job "v"): metadata.annotations[gctl/simulated-')
+    assert where in message
+
+
+def test_good_simulation_annotations_and_a_stored_bad_one_read() -> None:
+    text = (
+        "apiVersion: gctl/v1\nkind: Job\nmetadata: {name: v, annotations: "
+        "{gctl/simulated-duration: '31536000', gctl/simulated-exit-code: '255'}}\n"
+        "spec: {command: x}\n"
+    )
+    (parsed,) = manifest.parse("v.yaml", text)
+    assert job.simulated_run(parsed.obj.metadata.annotations) == (31_536_000.0, 255)
+    stored = yaml.safe_load(text.replace("'255'", "'300'"))
+    read = job.Job.model_validate(stored)  # the virtual node reports it as a start error
+    assert read.metadata.annotations["gctl/simulated-exit-code"] == "300"
+
+
 def test_a_stored_job_from_before_the_limit_still_reads() -> None:
     """The limit is for what users give: a Job an older gctl stored with a longer deadline
     must still read (to run, show and delete), not fail every read of it."""

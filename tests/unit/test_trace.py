@@ -44,6 +44,8 @@ def test_reads_jobs_in_submission_order_and_ignores_other_columns(tmp_path: Path
         ("job_id,submit_s,duration_s,gpus\n1,0,ten,1\n", "line 2: duration_s 'ten' is not"),
         ("job_id,submit_s,duration_s,gpus\n1,-5,1,1\n", "line 2: submit_s '-5' must be 0"),
         ("job_id,submit_s,duration_s,gpus\n1,0,1,0\n", "line 2: gpus must be above 0"),
+        ("job_id,submit_s,duration_s,gpus\n1,0,1,1.5\n", "line 2: gpus '1.5' is neither a"),
+        ("job_id,submit_s,duration_s,gpus\n1,0,1e30,1\n", "line 2: duration_s '1e30' is more"),
     ],
 )
 def test_a_bad_trace_is_one_line_naming_the_row_and_field(
@@ -56,6 +58,65 @@ def test_a_bad_trace_is_one_line_naming_the_row_and_field(
 def test_a_missing_file_is_a_trace_error(tmp_path: Path) -> None:
     with pytest.raises(trace.TraceError, match="No such file"):
         trace.read_trace(tmp_path / "absent.csv")
+
+
+def test_a_trace_may_begin_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """As a spreadsheet saves a CSV: its first column is still `job_id`."""
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + TRACE.encode())
+    assert [j.job_id for j in trace.read_trace(path)] == ["a", "b", "c", "d", "e"]
+
+
+def test_a_fraction_of_a_gpu_and_a_year_long_job_are_a_trace(tmp_path: Path) -> None:
+    text = "job_id,submit_s,duration_s,gpus\n1,0,31536000,0.5\n2,0,1,3\n"
+    jobs = trace.read_trace(write(tmp_path, text))
+    assert [(j.duration, j.gpus) for j in jobs] == [(31_536_000.0, 0.5), (1.0, 3.0)]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "DIR"],
+        ["replay", "DIR/absent.txt", "--nodes", "2"],
+        ["replay", "--nodes", "2", "DIR"],
+    ],
+)
+def test_bench_replay_of_a_path_that_is_no_trace_says_so(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not read as the name of a benchmark, nor its flags as the suite's: the replay's one
+    line names the path and what is wrong with it."""
+    from bench import __main__ as suite
+
+    argv = [arg.replace("DIR", str(tmp_path)) for arg in argv]
+    assert suite.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"bench replay: {tmp_path}")
+    assert "Is a directory" in err or "No such file" in err
+
+
+def test_the_suites_replay_entry_is_still_a_benchmark_name() -> None:
+    from bench import __main__ as suite
+
+    assert not suite.is_replay(["replay"])
+    assert not suite.is_replay(["replay", "packing-200", "--db", "postgresql://x/y", "--json"])
+    assert suite.is_replay(["replay", "t.csv"])
+    assert suite.is_replay(["replay", "--help"])
+
+
+@pytest.mark.parametrize("scale", ["inf", "nan", "1e-12", "0", "-1"])
+def test_bench_replay_takes_the_time_scales_the_virtual_agent_takes(
+    tmp_path: Path, scale: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import replay
+
+    path = write(tmp_path, TRACE)
+    with pytest.raises(SystemExit) as exited:
+        replay.parse_args([str(path), "--time-scale", scale])
+    assert exited.value.code == 2
+    assert "--time-scale: give a finite number of at least 1e-09" in capsys.readouterr().err
+    assert replay.parse_args([str(path), "--time-scale", "1e-9"]).time_scale == 1e-9
 
 
 def test_jobs_larger_than_a_node_are_clipped_or_skipped(tmp_path: Path) -> None:
@@ -285,3 +346,25 @@ def test_replay_table_names_every_makespan_whole(capsys: pytest.CaptureFixture[s
     for name in ("FIFO", "EASY", "LongestFirst"):
         assert f"ideal {name}'s makespan" in labels
     assert len({len(line) for line in lines[:-2]}) == 1  # header and the seconds rows align
+
+
+def test_replay_json_has_null_for_a_ratio_to_a_lower_bound_of_zero() -> None:
+    """JSON has no NaN: every job of no duration makes the ratio 0 / 0."""
+    import json
+
+    from bench import replay
+
+    metrics = trace.Metrics(
+        jobs=1,
+        makespan=0.0,
+        lower_bound=0.0,
+        jct_mean=0.0,
+        jct_p95=0.0,
+        queueing_mean=0.0,
+        queueing_p95=0.0,
+        utilization=0.0,
+    )
+    figures = replay.report(metrics)
+    assert figures["makespan_over_bound"] is None
+    assert figures["fifo_reference_makespan_s"] is None  # not worked out here: NaN
+    assert json.loads(json.dumps(figures, allow_nan=False))["makespan_s"] == 0.0
