@@ -1,5 +1,6 @@
-"""The Node lifecycle: a node whose heartbeat has not moved for the timeout becomes NotReady and
-its attempts are marked Lost, so their Jobs are retried on other nodes.
+"""The Node lifecycle: a node whose heartbeat has not moved for the timeout becomes NotReady, and
+its attempts are marked Lost once its jobs' fence has stopped them too (`outlive`), so their
+Jobs are retried on other nodes.
 
 As in Kubernetes, the timeout runs on the controller's own clock from when it last *saw* the
 heartbeat change, never from the time the agent wrote: so clock skew between hosts cannot flap
@@ -66,8 +67,23 @@ def _reconcile(
     ):
         n = writer.update_status(n)
         writer.record_event(n, "NodeNotReady", message, type_="Warning", source=SOURCE)
+    lost = observed + max(timeout, timedelta(seconds=outlive(n)))
+    if now < lost:
+        return lost  # NotReady, taking no new work; its jobs may still run until then
     _lose_attempts(writer, name, message, now)
     return None
+
+
+def outlive(n: node.Node) -> float:
+    """Seconds the node's jobs may still run after its agent's last heartbeat: until their
+    fence has stopped them (`AgentInstance.jobs_outlive`; 0 where its agent has no fence, or
+    is older than the record). Its attempts are retried elsewhere no sooner, so that a Job
+    never runs in two places at once, whatever the agent's --fence-after and --grace-period
+    against the controller's --node-timeout."""
+    seconds = n.status.jobs_outlive_seconds
+    if seconds is None and n.status.agent_instance is not None:
+        seconds = n.status.agent_instance.jobs_outlive()
+    return seconds or 0.0
 
 
 def _lose_attempts(writer: store.Store, name: str, message: str, now: datetime) -> None:

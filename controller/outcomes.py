@@ -79,6 +79,8 @@ def account(
         record_started(writer, j, latest, started or None)
     status = j.status
     status.exit_code = latest.status.exit_code
+    ends = [m.status.finish_time for m in members or [latest] if m.status.finish_time]
+    ended = max(ends, default=None)  # its last member's, for a multi-node attempt
     # A Job bound ahead gets its start time from the first attempt of its run that started,
     # even one that ended before the controller saw it run (activeDeadlineSeconds counts from
     # it); a requeue that ends the run clears it again (`_SAME_RUN`).
@@ -114,6 +116,7 @@ def account(
             job.REASON_DEADLINE,
             f"stopped after activeDeadlineSeconds={j.spec.active_deadline_seconds}",
             now=now,
+            ended=ended,
         )
     elif binding.succeeded(latest.status):
         # With a success file the agent's message says what decided: it names the file.
@@ -121,13 +124,19 @@ def account(
         message = f"attempt {latest.spec.attempt} " + (
             f"succeeded: {how}" if how else f"exited with code {latest.status.exit_code}"
         )
-        finish(writer, j, "Succeeded", job.REASON_COMPLETED, message, now=now)
+        finish(writer, j, "Succeeded", job.REASON_COMPLETED, message, now=now, ended=ended)
     else:
-        _fail_attempt(writer, j, latest, now, base)
+        _fail_attempt(writer, j, latest, now, base, ended=ended)
 
 
 def _fail_attempt(
-    writer: store.Store, j: job.Job, latest: binding.Binding, now: datetime, base: timedelta
+    writer: store.Store,
+    j: job.Job,
+    latest: binding.Binding,
+    now: datetime,
+    base: timedelta,
+    *,
+    ended: datetime | None,
 ) -> None:
     status = j.status
     status.failed += 1
@@ -144,6 +153,7 @@ def _fail_attempt(
             f"attempt {latest.spec.attempt} failed: {how}; backoffLimit "
             f"{j.spec.backoff_limit} reached",
             now=now,
+            ended=ended,
         )
         return
     wait = backoff(status.failed, base)
@@ -211,13 +221,23 @@ def requeue(
 
 
 def finish(
-    writer: store.Store, j: job.Job, phase: str, reason: str, message: str, *, now: datetime
+    writer: store.Store,
+    j: job.Job,
+    phase: str,
+    reason: str,
+    message: str,
+    *,
+    now: datetime,
+    ended: datetime | None = None,
 ) -> None:
+    """The Job is done. Its completion time is `ended`, when its last attempt ended as its
+    agent recorded it (as Slurm's End), else `now`: a controller or agent that was down when
+    the job exited must not add its downtime to the Job's duration."""
     status = j.status
     status.phase = "Succeeded" if phase == "Succeeded" else "Failed"
     status.reason = reason
     status.message = message
-    status.completion_time = now
+    status.completion_time = ended or now
     condition = job.CONDITION_COMPLETE if phase == "Succeeded" else job.CONDITION_FAILED
     meta.set_condition(
         status.conditions,

@@ -63,6 +63,7 @@ def claim(
         ownership.check(current, instance, predecessors, now, silent=silent)
         if current is not None:
             current.status.agent_instance = instance
+            current.status.jobs_outlive_seconds = instance.jobs_outlive()
             current.status.heartbeat_time = now
             writer.update_status(current, stored_spec=_spec_of(unread))
 
@@ -129,6 +130,8 @@ def beat(
         status.address = address
         status.agent_version = gctl.__version__
         status.agent_instance = instance or status.agent_instance
+        if status.agent_instance is not None:
+            status.jobs_outlive_seconds = status.agent_instance.jobs_outlive()
         meta.set_condition(
             status.conditions, "Ready", "True", "AgentReady", "the agent is heartbeating", now=now
         )

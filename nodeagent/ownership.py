@@ -96,6 +96,10 @@ class StateLock:
         data = text.encode()
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
+        # On disk before the agent acts: a power cut could otherwise leave it empty, and the
+        # next agent here would not know the Node's holder for its own dead predecessor (it
+        # would wait out that one's silence, and its jobs be fenced). Once per start and claim.
+        os.fsync(self._fd)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -130,6 +134,26 @@ class Held(NamedTuple):
         if self.beat is None:
             return False
         return abs((now - self.beat).total_seconds()) <= self.instance.silent_after()
+
+    def may_be_gone(self, now: datetime) -> bool:
+        """Whether to watch it rather than refuse at once: its heartbeat looks stale by this
+        host's clock, or it is an agent of this host whose process is gone."""
+        return not self.looks_fresh(now) or self.gone_here()
+
+    def gone_here(self) -> bool:
+        """Whether it is an agent of this host whose process is gone: its heartbeat, however
+        fresh, is then no sign of life, and its hold is watched rather than refused (its
+        state directory's lock file did not name it: another directory, or the file damaged).
+        A pid taken since by another process looks alive: refused, as before."""
+        if self.instance.hostname != socket.gethostname():
+            return False
+        try:
+            os.kill(self.instance.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # someone else's process: alive
+            return False
+        return False
 
     def same(self, other: "Held") -> bool:
         """Whether `other` is this hold, its heartbeat unmoved."""
@@ -187,15 +211,15 @@ def claim(
     with the other agent's hold, if there is one it may not take over); `read` reads another
     agent's hold. True once the Node is this agent's.
 
-    A hold whose heartbeat looks fresh by this host's clock is refused at once. Any other is
-    watched (`watch`); with no `stop` to watch with, or once `stop` is set, False (the caller
-    claims again)."""
+    A hold whose heartbeat looks fresh by this host's clock is refused at once, but one of an
+    agent of this host that is gone (`Held.may_be_gone`). Any other is watched (`watch`); with
+    no `stop` to watch with, or once `stop` is set, False (the caller claims again)."""
     try:
         take(None)
         return True
     except Taken as exc:
         theirs = exc.held
-        if theirs is None or theirs.looks_fresh(clock()):
+        if theirs is None or not theirs.may_be_gone(clock()):
             raise
     if stop is None:
         return False

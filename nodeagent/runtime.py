@@ -14,6 +14,7 @@ ended attempts are removed in a thread of their own (`_Tidier`).
 import contextlib
 import fcntl
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nodeagent import forkserver, supervisor
 
@@ -93,6 +95,7 @@ class Runtime:
         # The states read from an exit record, by uid: a record that never changes, read at
         # each pass (and for the attempts bound after it) until the attempt is forgotten.
         self._ended: dict[str, State] = {}
+        self._said_damaged: set[str] = set()  # the records said to be unreadable, by path
 
     def close(self) -> None:
         """Stop the fork server and the tidier. Supervisors keep running; those started in a
@@ -138,10 +141,18 @@ class Runtime:
         # other way round, an attempt that ends between the two reads would look lost). A free
         # lock is "not alive" below even while the process finishes after its exit record.
         alive = _supervisor_alive(directory)
-        exit_record = supervisor.read_json(os.path.join(directory, supervisor.EXIT))
-        pid_record = supervisor.read_json(os.path.join(directory, supervisor.PID))
-        pid = int(pid_record["pid"]) if pid_record else None
-        started = float(pid_record["started"]) if pid_record else None
+        damaged: list[str] = []
+        exit_record = _record(os.path.join(directory, supervisor.EXIT), damaged)
+        pid_record = _record(os.path.join(directory, supervisor.PID), damaged)
+        pid = started = None
+        if pid_record is not None:
+            try:
+                pid, started = int(pid_record["pid"]), float(pid_record["started"])
+            except (KeyError, TypeError, ValueError):  # JSON, but not a pid record
+                pid_record = None
+                damaged.append(os.path.join(directory, supervisor.PID))
+        if damaged:
+            self._say_damaged(uid, damaged)
         if exit_record is not None:
             stopped = bool(exit_record.get("stopped"))
             stop = os.path.join(directory, supervisor.STOP)
@@ -180,7 +191,9 @@ class Runtime:
             # Never launched (the agent died before), or the supervisor died before its first
             # write: the job did not start either way.
             return State("absent")
-        if pid_record is None:  # launched, but died before starting the job: do not relaunch
+        unread_pid = os.path.join(directory, supervisor.PID) in damaged
+        if pid_record is None and not unread_pid:
+            # Launched, but died before starting the job: do not relaunch.
             return State(
                 "exited",
                 exit_code=127,
@@ -188,12 +201,22 @@ class Runtime:
                 message=_tail(Path(directory, "supervisor.err"))
                 or "the supervisor died before starting the job",
             )
-        return State(
-            "lost",
-            pid=pid,
-            started=started,
-            message="the supervisor died without recording the exit",
-        )
+        if damaged:  # not the supervisor's doing: it writes each record whole, by a rename
+            what = " and ".join(f"{os.path.basename(path)}" for path in damaged)
+            message = f"its supervisor ended, and its {what} cannot be read (empty or damaged)"
+        else:
+            message = "the supervisor died without recording the exit"
+        return State("lost", pid=pid, started=started, message=message)
+
+    def _say_damaged(self, uid: str, paths: list[str]) -> None:
+        """Say once, in the agent's log, which records of an attempt cannot be read: a power
+        cut may leave one empty (they are not all synced), a hand or a disk may damage one."""
+        for path in paths:
+            if path not in self._said_damaged:
+                self._said_damaged.add(path)
+                log.warning(
+                    "attempt %s: its record %s cannot be read (empty or damaged)", uid, path
+                )
 
     def prepare(self, launch: Launch) -> None:
         """Write what `launch` needs on disk ahead of it (the attempt stays absent until it is
@@ -298,8 +321,10 @@ class Runtime:
         phase = self.state(uid).phase
         if phase == "armed":  # not started: its supervisor ends it before it starts
             record = _armed_record(directory)
-        elif record is None or phase != "running":
+        elif phase != "running":
             return
+        elif record is None:  # its pid record cannot be read: its launch record names it too
+            record = supervisor.read_json(directory / supervisor.LAUNCHED)
         # The first request says why; one that allows no warning replaces a warned one.
         if not warn or not (directory / supervisor.STOP).exists():
             supervisor.write_atomically(
@@ -336,6 +361,27 @@ class Runtime:
         once, so the attempt is absent from then on, and removed by the tidier."""
         self._tidier.remove(self.attempts_dir / uid)
         self._ended.pop(uid, None)
+
+
+def _record(path: str, damaged: list[str]) -> dict[str, Any] | None:
+    """A supervisor's record, None where there is none; one there that cannot be read is None
+    too, and its path is added to `damaged`."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        damaged.append(path)
+        return None
+    try:
+        document = json.loads(data)
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        return document
+    damaged.append(path)
+    return None
 
 
 def _note_armed_pid(directory: Path, pid: int) -> None:

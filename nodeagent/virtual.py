@@ -217,7 +217,7 @@ class VirtualAgent:
                 break
             except ownership.Taken as exc:
                 theirs, name = exc.held, self._refused
-                if theirs is None or theirs.looks_fresh(self.clock()):
+                if theirs is None or not theirs.may_be_gone(self.clock()):
                     raise
             if stop is None:
                 return False

@@ -89,10 +89,16 @@ class AgentInstance(meta.Model):
         SIGKILL) and one more heartbeat's interval for the stop to be recorded. Another agent
         that took the Node over sooner would report those attempts lost while they still run
         on the silent agent's host, and their Jobs would run twice."""
+        outlive = self.jobs_outlive()
+        return self.silent_after() if outlive is None else max(self.silent_after(), outlive)
+
+    def jobs_outlive(self) -> float | None:
+        """Seconds its jobs may still run after its last heartbeat: its fence, their grace
+        period and one more heartbeat's interval (the lease is renewed after each heartbeat).
+        None without a fence: they run on for as long as they run."""
         if not self.fence_seconds:
-            return self.silent_after()
-        outlive = self.fence_seconds + (self.grace_seconds or 0.0) + self.heartbeat_seconds
-        return max(self.silent_after(), outlive)
+            return None
+        return self.fence_seconds + (self.grace_seconds or 0.0) + self.heartbeat_seconds
 
 
 class NodeStatus(meta.Model):
@@ -105,6 +111,10 @@ class NodeStatus(meta.Model):
     address: str | None = None
     agent_version: str | None = None
     agent_instance: AgentInstance | None = None
+    # Its last agent's `AgentInstance.jobs_outlive`, kept when that agent lets go of the Node
+    # (its jobs run on without it): the controller retries the attempts of a silent node only
+    # once they are sure to have stopped, not at its node timeout alone (controller/nodes.py).
+    jobs_outlive_seconds: float | None = None
     gpus: list[GPUInfo] = Field(default_factory=list)
 
 

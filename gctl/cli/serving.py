@@ -124,8 +124,9 @@ FenceOpt = Annotated[
     float,
     typer.Option(
         "--fence-after",
-        help="Stop this node's jobs when the agent has been silent this long (seconds; keep it "
-        "below the controller's --node-timeout; 0: never).",
+        help="Stop this node's jobs when the agent has been silent this long (seconds; 0: "
+        "never). The controller retries a silent node's jobs elsewhere only after this, "
+        "--grace-period and one heartbeat.",
         min=0,
         callback=_seconds,
     ),

@@ -141,7 +141,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # the latter: it went as it was read
         return False
 
 
@@ -256,9 +256,10 @@ def test_a_lost_attempt_keeps_the_exit_code_its_agent_learns_on_return(
     """The node stays silent past its timeout: the attempt is Lost and the Job requeued. The
     job ends meanwhile under its supervisor; the agent, back, tells how: the Binding stays
     Lost with the real exit code and end time, the Job gets an Event, and the Job goes on as
-    requeued (its second attempt runs, and decides its phase)."""
+    requeued (its second attempt runs, and decides its phase). Its agent has no fence (0):
+    with one, the attempt is lost only once the fence has stopped the job."""
     cluster.controller(node_timeout=2)
-    cluster.agent("n1", gpus=1)
+    cluster.agent("n1", gpus=1, fence=0)
     go, ended = tmp_path / "go", tmp_path / "ended"
     apply_job(
         gctl,
@@ -298,6 +299,32 @@ def test_a_lost_attempt_keeps_the_exit_code_its_agent_learns_on_return(
     assert [e["spec"]["message"] for e in events if e["spec"]["reason"] == "LostAttemptEnded"] == [
         said
     ]
+
+
+def test_a_silent_nodes_job_runs_elsewhere_only_once_its_fence_has_stopped_it(
+    cluster: Cluster, gctl: Gctl, tmp_path: Path
+) -> None:
+    """QA: the controller retried a silent node's attempt at its --node-timeout, while the
+    job, slow to end on SIGTERM, still ran within the --grace-period its fence gives it: the
+    Job ran on two nodes at once. It now waits for the fence, the grace period and one
+    heartbeat (the lease's renewal) that the agent recorded on its Node."""
+    cluster.controller(node_timeout=2)
+    for name in ("n1", "n2"):
+        cluster.agent(name, gpus=1, fence=2, grace=3, heartbeat=1)
+    pid, both = tmp_path / "pid", tmp_path / "both"
+    apply_job(
+        gctl,
+        "stubborn",
+        f"if [ $GCTL_ATTEMPT = 2 ]; then kill -0 $(cat {pid}) && touch {both}; exit 0; fi; "
+        f"trap '' TERM; echo $$ > {pid}; while :; do sleep 0.1; done",
+    )
+    wait_for(pid.exists, "the job to run")
+    first = json.loads(gctl.ok("get", "binding", "stubborn-1", "-o", "json"))
+    cluster.kill(first["spec"]["node"])  # SIGKILL: its fence stops the job, in 2 + 3 s
+    done = wait_for(phase_is(gctl, "stubborn", "Succeeded"), "the retry to succeed", timeout=60)
+    assert done["status"]["attempts"] == 2
+    assert not both.exists(), "the retry started while the first attempt's job still ran"
+    assert not alive(int(pid.read_text()))
 
 
 def test_controller_killed_while_scheduling_runs_each_job_once(

@@ -2,9 +2,12 @@
 the fork server's replies read after the launches, and ended attempts removed by a thread of
 their own (nodeagent/runtime.py, nodeagent/forkserver.py)."""
 
+import logging
 import os
 import signal
 from pathlib import Path
+
+import pytest
 
 from nodeagent import runtime, supervisor
 from tests.e2e.conftest import launch_script, until
@@ -158,3 +161,47 @@ def test_a_launch_record_torn_by_a_crash_reads_as_absent_and_is_written_whole_ag
     assert node.state("torn").exit_code == 0
     assert (tmp_path / "ran").read_text() == "whole\n"
     assert supervisor.read_json(directory / supervisor.SPEC) is not None
+
+
+def test_a_running_job_whose_pid_record_is_damaged_is_still_stopped(
+    node: runtime.Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA: a truncated `pid.json` made a running job impossible to delete (the stop found no
+    pid to signal), and nothing said why. Its supervisor is named in its launch record too;
+    the damaged record is said once, naming it."""
+    launch_script(node, "warm-up", "true")  # the next one comes from the fork server
+    until(lambda: node.state("warm-up").phase == "exited", "the warm-up to end")
+    launch_script(node, "long", "sleep 60")
+    record = node.attempts_dir / "long" / supervisor.PID
+    until(record.exists, "the job to start")
+    record.write_text('{"pid": 12')  # torn
+    with caplog.at_level(logging.WARNING, logger="gctl.agent"):
+        assert node.state("long").phase == "running"
+        node.state("long")
+        node.stop("long", warn=False)
+        until(lambda: node.state("long").phase == "exited", "the job to be stopped")
+    ended = node.state("long")
+    assert (ended.exit_code, ended.stopped) == (143, True)
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert said == [f"attempt long: its record {record} cannot be read (empty or damaged)"]
+
+
+@pytest.mark.parametrize("damaged", [supervisor.EXIT, supervisor.PID])
+def test_an_attempt_whose_record_is_damaged_is_lost_and_says_which(
+    node: runtime.Runtime, damaged: str
+) -> None:
+    """QA: an `exit.json` left empty (as a power cut may, it is not synced before the next job
+    starts) read as "the supervisor died without recording the exit"; a damaged `pid.json`
+    of a supervisor that died as a job that never started (Failed, exit 127, its GPU given to
+    the next). Both are lost, saying which record cannot be read."""
+    launch_script(node, "done", "exit 3")
+    until(lambda: node.state("done").phase == "exited", "the job to end")
+    if damaged == supervisor.PID:  # its supervisor died before it recorded the exit
+        (node.attempts_dir / "done" / supervisor.EXIT).unlink()
+    (node.attempts_dir / "done" / damaged).write_text("")
+    node._ended.clear()  # what the agent read of it: gone, as after its restart
+    state = node.state("done")
+    assert state.phase == "lost"
+    assert state.message == (
+        f"its supervisor ended, and its {damaged} cannot be read (empty or damaged)"
+    )

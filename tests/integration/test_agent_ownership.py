@@ -4,7 +4,9 @@ across hosts; a dead agent's lock never blocks, nor does a heartbeat this agent 
 still for the other agent's whole silence window. The hosts' clocks need not agree: an agent
 whose clock is minutes off refuses a live agent's Node, and one taken over stops."""
 
+import os
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -261,11 +263,53 @@ def test_an_agent_stopped_while_it_watches_takes_nothing(
 
 
 def test_an_agent_that_stops_lets_go_of_its_node(agents: Agents, database: db.Database) -> None:
-    first = agents("host-a")
+    """And leaves how long its jobs run on without it, for the controller to wait that long
+    before it retries them elsewhere (controller/nodes.py)."""
+    first = agents("host-a", fence_seconds=30, grace_seconds=5)
     first.claim()
     first.heartbeat()
     first.close()
     assert _instance(database) is None
+    with database.read() as session:
+        left = store.Store(session).get(node.Node, "nb").status
+    assert left.jobs_outlive_seconds == 30 + 5 + 10  # fence, grace period, one heartbeat
     second = agents("host-b", clock=NOW + timedelta(seconds=1))
     second.claim()
     assert _instance(database) == second.instance
+
+
+def test_a_gone_agent_of_this_host_is_watched_not_refused(
+    agents: Agents, database: db.Database, short_silence: None
+) -> None:
+    """QA: an agent's state directory lock file emptied (a power cut may, or a hand), so that
+    the next agent there did not know the Node's holder for its dead predecessor: refused at
+    once as "another agent is running", pid and all, on this very host. An agent of this host
+    whose process is gone is watched like a silent one, and taken over after its window."""
+    first = agents("host-a", heartbeat_seconds=SHORT_BEAT)
+    first.claim()
+    first.heartbeat()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    with database.write() as session:
+        writer = store.Store(session)
+        held = writer.get(node.Node, "nb")
+        assert held.status.agent_instance is not None
+        held.status.agent_instance.pid = gone.pid
+        writer.update_status(held)
+    second = agents("host-b")  # its heartbeat looks fresh
+    assert not second.claim()  # to be watched, with a stop: not refused
+    assert second.claim(threading.Event())
+    assert _instance(database) == second.instance
+
+
+def test_the_state_directory_lock_file_is_on_disk_before_the_agent_acts(
+    agents: Agents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    made = agents("state")
+    made.claim()
+    lock = made._state_lock._fd
+    assert lock is not None
+    assert synced.count(lock) == 2  # taken, then claimed

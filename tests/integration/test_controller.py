@@ -107,6 +107,34 @@ def test_a_job_whose_binding_was_deleted_is_retried(database: db.Database) -> No
     assert (again.status.phase, again.status.attempts, again.status.failed) == ("Scheduled", 2, 0)
 
 
+@pytest.mark.parametrize(("code", "phase"), [(0, "Succeeded"), (3, "Failed")])
+def test_a_job_completes_when_its_attempt_ended_not_when_that_was_seen(
+    database: db.Database, code: int, phase: str
+) -> None:
+    """QA: two jobs ended while the controller and the agent were down for 15 s, and their
+    DURATION counted the outage. The completion time is the attempt's end as its agent
+    recorded it, as Slurm's End."""
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("early").build())
+    _schedule(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, "early-1", "default")
+        attempt.status.phase = "Exited"
+        attempt.status.exit_code = code
+        attempt.status.reason = "Completed" if code == 0 else "Error"
+        attempt.status.start_time = T0
+        attempt.status.finish_time = T0 + timedelta(seconds=3)
+        writer.update_status(attempt)
+    _reconcile(database, "early", now=T0 + timedelta(seconds=19))
+    done = _get(database, job.Job, "early")
+    assert isinstance(done, job.Job)
+    assert done.status.phase == phase
+    assert done.status.completion_time == T0 + timedelta(seconds=3)
+
+
 def test_a_deleted_node_loses_its_attempts(database: db.Database) -> None:
     seen: nodes.Seen = {}
     with database.write() as session:
@@ -141,6 +169,51 @@ def test_node_timeout_runs_from_when_the_controller_saw_the_heartbeat(
     assert check(T0) == "True"  # first sight: the timeout starts now
     assert check(T0 + timedelta(seconds=39)) == "True"
     assert check(T0 + timedelta(seconds=41)) == "Unknown"
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_a_silent_nodes_attempts_are_lost_only_once_their_fence_stopped_them(
+    database: db.Database, released: bool
+) -> None:
+    """NotReady at the node timeout, taking no new work; its attempts Lost (retried
+    elsewhere) only once its agent's fence, grace period and one heartbeat have passed,
+    which may be later: then no job of it still runs. The same once the agent let go of the
+    Node (stopped cleanly, its jobs run on until their fence)."""
+    timeout = timedelta(seconds=40)
+    seen: nodes.Seen = {}
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("stranded").build())
+        held = writer.get(node.Node, "n1")
+        instance = node.AgentInstance(
+            id="a1",
+            hostname="h1",
+            pid=7,
+            started=T0,
+            heartbeat_seconds=10,
+            fence_seconds=30,
+            grace_seconds=20,
+        )
+        held.status.agent_instance = None if released else instance
+        held.status.jobs_outlive_seconds = instance.jobs_outlive()  # 30 + 20 + 10
+        writer.update_status(held)
+    _schedule(database)
+
+    def check(seconds: int) -> tuple[str, str]:
+        now = T0 + timedelta(seconds=seconds)
+        store.transact(database, lambda w: nodes.reconcile(w, "n1", now, timeout, seen))
+        found = _get(database, node.Node, "n1")
+        attempt = _get(database, binding.Binding, "stranded-1")
+        assert isinstance(found, node.Node)
+        assert isinstance(attempt, binding.Binding)
+        ready = next(c.status for c in found.status.conditions if c.type == "Ready")
+        return ready, attempt.status.phase
+
+    assert check(0) == ("True", "Pending")
+    assert check(41) == ("Unknown", "Pending")
+    assert check(59) == ("Unknown", "Pending")
+    assert check(61) == ("Unknown", "Lost")
 
 
 def test_shared_gpus_respect_declared_memory(database: db.Database) -> None:
