@@ -3,9 +3,9 @@
 A trace is a CSV with the columns `job_id`, `submit_s`, `duration_s` and `gpus` (other columns,
 such as the Philly trace's `vc`, are ignored). `submit_s` and `duration_s` are seconds; `gpus`
 is a GPU count (a fraction up to 1 is allowed, as gctl shares GPUs; above 1, whole GPUs). A
-job's duration is at most a year, as a Job's simulated duration is. The file may begin with a
-byte order mark, as spreadsheets write one. Everything here is pure:
-no database, no processes, so unit tests give it hand-made traces.
+job's duration is at most a year, as a Job's simulated duration is, and submissions span at most
+ten. The file may begin with a byte order mark, as spreadsheets write one. Everything here is
+pure: no database, no processes, so unit tests give it hand-made traces.
 
 A job may span several nodes: it then asks for `gpus` GPUs on each of `nodes` distinct nodes at
 once, as a multi-node Job does, and holds all `nodes x gpus` until it ends.
@@ -21,6 +21,9 @@ from pathlib import Path
 from gctl.api import quantity
 
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus")
+# Submissions span at most ten years of trace time (a duration at most one, as a Job's
+# simulated duration): beyond, a typo, or a replay that would sleep for ever.
+MAX_SUBMIT_S = 10 * quantity.MAX_DURATION_SECONDS
 EPSILON = 1e-9
 
 
@@ -111,16 +114,21 @@ def _row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
             f"{path}: line {line}: gpus {row['gpus']!r} is neither a fraction of one GPU "
             "(at most 1) nor a whole number of GPUs"
         )
-    duration = _number(path, line, "duration_s", row["duration_s"])
-    if duration > quantity.MAX_DURATION_SECONDS:  # as a Job's simulated duration
-        raise TraceError(
-            f"{path}: line {line}: duration_s {row['duration_s']!r} is more than a year "
-            f"({quantity.MAX_DURATION_SECONDS} seconds)"
-        )
+    seconds = {}
+    for column, limit, words in (
+        ("submit_s", MAX_SUBMIT_S, "ten years"),
+        ("duration_s", quantity.MAX_DURATION_SECONDS, "a year"),
+    ):
+        seconds[column] = _number(path, line, column, row[column])
+        if seconds[column] > limit:  # a typo, or a replay that never ends
+            raise TraceError(
+                f"{path}: line {line}: {column} {row[column]!r} is more than {words} "
+                f"({limit} seconds)"
+            )
     return TraceJob(
         job_id=(row["job_id"] or "").strip(),
-        submit=_number(path, line, "submit_s", row["submit_s"]),
-        duration=duration,
+        submit=seconds["submit_s"],
+        duration=seconds["duration_s"],
         gpus=gpus,
     )
 

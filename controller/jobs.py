@@ -273,10 +273,22 @@ def _rerun(
 
 
 def _expire(writer: store.Store, j: job.Job, now: datetime) -> datetime | None:
+    """ttlSecondsAfterFinished, counted on this controller's clock from when it saw the Job
+    finish (its Complete or Failed condition's transition), not from `completionTime`, the
+    end as another host's clock recorded it, maybe while this controller was down: a Job must
+    not be deleted the moment it is seen finished."""
     ttl = j.spec.ttl_seconds_after_finished
     if ttl is None or j.status.completion_time is None:
         return None
-    due = quantity.after(j.status.completion_time, ttl)
+    finished = next(
+        (
+            c.last_transition_time
+            for c in j.status.conditions
+            if c.type in (job.CONDITION_COMPLETE, job.CONDITION_FAILED) and c.status == "True"
+        ),
+        None,
+    )
+    due = quantity.after(finished or j.status.completion_time, ttl)
     if due is None:  # so far ahead that it never comes (stored before TTLs were limited)
         return None
     if now < due:
@@ -433,12 +445,11 @@ def _ended_well(member: binding.Binding) -> bool:
 
 
 def _deciding(members: list[binding.Binding]) -> binding.Binding:
-    """The member whose end decides how the attempt ended, its message naming its rank: one
-    lost (with its node, or fenced) first, as Slurm requeues a job on NODE_FAIL (a node is
-    declared lost a node timeout after it went silent, and the members that failed meanwhile
-    most likely failed for want of it); else the first to end badly (stopped for a reason of
-    its own, or failed; not one stopped because another ended); rank 0 when all did their
-    work."""
+    """The member whose end decides how the attempt ended, its message naming its rank: one lost
+    (with its node, or fenced) first, as Slurm requeues a job on NODE_FAIL (a node's attempts
+    are declared lost seconds after it went silent, and the members that failed meanwhile most
+    likely failed for want of it); else the first to end badly (stopped for a reason of its own,
+    or failed; not one stopped because another ended); rank 0 when all did their work."""
     by_end = sorted(
         members,
         key=lambda b: (b.status.finish_time or datetime.max.replace(tzinfo=UTC), b.spec.rank or 0),

@@ -237,7 +237,8 @@ def finish(
     status.phase = "Succeeded" if phase == "Succeeded" else "Failed"
     status.reason = reason
     status.message = message
-    status.completion_time = ended or now
+    # Never after now: an agent's clock ahead of this one's would put it in the future.
+    status.completion_time = min(ended, now) if ended is not None else now
     condition = job.CONDITION_COMPLETE if phase == "Succeeded" else job.CONDITION_FAILED
     meta.set_condition(
         status.conditions,

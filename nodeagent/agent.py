@@ -11,6 +11,7 @@ attempts on disk whose Binding is gone, and the loop with its watchers. What one
 with each Binding, attempts bound ahead and armed included, is passes.py.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -38,10 +39,12 @@ def default_state_dir(node_name: str) -> Path:
     return Path(base) / "gctl" / node_name
 
 
-def default_virtual_state_dir(name_prefix: str) -> Path:
+def default_virtual_state_dir(name_prefix: str, database_url: str) -> Path:
     """Where a virtual agent (`gctl agent run --simulate`) holds its lock: beside the real
-    agents' state directories, under a name no node can have (`_` is no part of a DNS name)."""
-    return default_state_dir("_virtual") / name_prefix
+    agents' state directories, under a name no node can have (`_` is no part of a DNS name),
+    one for each database, whose Nodes they are (a replay's scratch database has its own)."""
+    digest = hashlib.sha256(database_url.encode()).hexdigest()[:12]
+    return default_state_dir("_virtual") / f"{name_prefix}-{digest}"
 
 
 class Agent:
@@ -140,6 +143,7 @@ class Agent:
             instance=self.instance,
             predecessors=self._state_lock.predecessors,
             address=self.address,
+            outlive=self._jobs_outlive(),
         )
         self.lease.touch()  # only after the heartbeat is in the database
         said = json.dumps(unread.spec, sort_keys=True) if unread is not None else None
@@ -149,6 +153,18 @@ class Agent:
                 unread.error,
             )
         self._spec_unread = said
+
+    def _jobs_outlive(self) -> float | None:
+        """How long this node's jobs may run on after its last heartbeat, for the controller
+        to wait before it retries them elsewhere (controller/nodes.py): this agent's fence, or
+        the longest of the fences its jobs were launched with, by an agent before it whose
+        flags differed (each plus one heartbeat: the lease is renewed after each). None where
+        this agent or one of its jobs has no fence: they may run on for as long as they run."""
+        own = self.instance.jobs_outlive()
+        fences = self.runtime.fences()
+        if own is None or None in fences:
+            return None
+        return max([own, *(f + self.heartbeat_seconds for f in fences if f is not None)])
 
     def abandon(self) -> None:
         """After a claim that failed: stop the runtime's helpers and let go of the state

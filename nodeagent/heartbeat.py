@@ -62,8 +62,9 @@ def claim(
         current, unread = _current(writer, name)
         ownership.check(current, instance, predecessors, now, silent=silent)
         if current is not None:
+            # Its jobs_outlive_seconds stays the agent's before it until the first heartbeat,
+            # which knows the fences of the jobs it adopted (`Agent._jobs_outlive`).
             current.status.agent_instance = instance
-            current.status.jobs_outlive_seconds = instance.jobs_outlive()
             current.status.heartbeat_time = now
             writer.update_status(current, stored_spec=_spec_of(unread))
 
@@ -103,10 +104,12 @@ def beat(
     instance: node.AgentInstance | None = None,
     predecessors: frozenset[str] = frozenset(),
     address: str | None = None,
+    outlive: float | None = None,
 ) -> SpecUnread | None:
     """Register or refresh the Node: GPUs as discovered now, heartbeat, Ready, the address
     other nodes reach it at (None: its hostname). With the
-    agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile.
+    agent's `instance`: ownership.Taken if another agent has taken the Node meanwhile; and
+    `outlive`, how long its jobs may run on after this heartbeat (`Agent._jobs_outlive`).
     Returns why the stored spec does not validate, if it does not (the status is written all
     the same)."""
 
@@ -130,8 +133,8 @@ def beat(
         status.address = address
         status.agent_version = gctl.__version__
         status.agent_instance = instance or status.agent_instance
-        if status.agent_instance is not None:
-            status.jobs_outlive_seconds = status.agent_instance.jobs_outlive()
+        if instance is not None:
+            status.jobs_outlive_seconds = outlive
         meta.set_condition(
             status.conditions, "Ready", "True", "AgentReady", "the agent is heartbeating", now=now
         )

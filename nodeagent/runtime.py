@@ -128,6 +128,26 @@ class Runtime:
         """Uids of every attempt this host has a directory for."""
         return sorted(p.name for p in self.attempts_dir.iterdir() if p.is_dir())
 
+    def fences(self) -> list[float | None]:
+        """For each attempt alive here (running or armed), how long its job may run on after
+        the agent's lease was last renewed: its fence and the grace the fence gives it, as its
+        supervisor read them at launch (an agent started since with other flags changes
+        neither); None for one with no fence."""
+        found: list[float | None] = []
+        for uid in self.known():
+            if self.state(uid).phase not in ("running", "armed", "disarming"):
+                continue
+            spec = supervisor.read_json(self.attempts_dir / uid / supervisor.SPEC) or {}
+            fence = spec.get("fenceSeconds") if spec.get("leasePath") else None
+            if not fence:
+                found.append(None)
+                continue
+            grace = spec.get("fenceGraceSeconds")
+            if grace is None:
+                grace = spec.get("gracePeriodSeconds", 0)
+            found.append(float(fence) + float(grace))
+        return found
+
     def state(self, uid: str) -> State:
         if (ended := self._ended.get(uid)) is not None:
             return ended
@@ -191,8 +211,7 @@ class Runtime:
             # Never launched (the agent died before), or the supervisor died before its first
             # write: the job did not start either way.
             return State("absent")
-        unread_pid = os.path.join(directory, supervisor.PID) in damaged
-        if pid_record is None and not unread_pid:
+        if pid_record is None and not damaged:
             # Launched, but died before starting the job: do not relaunch.
             return State(
                 "exited",
@@ -323,8 +342,12 @@ class Runtime:
             record = _armed_record(directory)
         elif phase != "running":
             return
-        elif record is None:  # its pid record cannot be read: its launch record names it too
+        elif record is None and (directory / supervisor.PID).exists():
+            # Its pid record cannot be read: its launch record names the supervisor too (one
+            # with no pid record yet has not started the job, and finds the stop when it does).
             record = supervisor.read_json(directory / supervisor.LAUNCHED)
+        elif record is None:
+            return
         # The first request says why; one that allows no warning replaces a warned one.
         if not warn or not (directory / supervisor.STOP).exists():
             supervisor.write_atomically(

@@ -274,9 +274,9 @@ def _fence(
 ) -> None:
     """Stop the job once the agent has not renewed its lease for fence_seconds.
 
-    The controller retries the Jobs of a node that stopped heartbeating elsewhere; the agent's
-    timeout for that (--fence-after) is shorter than the controller's (--node-timeout), so a
-    job on a node whose agent is gone ends before it can run a second time elsewhere."""
+    The controller retries the Jobs of a node that stopped heartbeating elsewhere only once
+    this fence and its grace period are over (the agent records them on its Node), so a job
+    on a node whose agent is gone ends before it can run a second time elsewhere."""
     while True:
         try:
             silent = time.time() - lease.stat().st_mtime

@@ -46,6 +46,7 @@ VIRTUAL_LABEL = "gctl/virtual-node"
 MIN_TIME_SCALE = 1e-9
 SIGTERM_EXIT = 143  # 128 + 15, as supervisor.exit_code_of reports a death by SIGTERM
 RENAME = "--name-prefix"  # how a refusal asks for other Nodes than another agent's
+RETRY_S = 1.0  # after a pass or a heartbeat that failed
 # Exited attempts need nothing more; Lost ones may still "run" here and must be stopped.
 _SYNCED_PHASES = frozenset({"Pending", "Starting", "Running", "Lost"})
 
@@ -550,7 +551,6 @@ class VirtualAgent:
             self.abandon()
 
     def _run(self, stop: threading.Event) -> None:
-        self.heartbeat()
         log.info("%d virtual node(s) %s..%s", len(self.names), self.names[0], self.names[-1])
         with self.db.read() as session:
             since = store.Store(session).current_revision()
@@ -558,23 +558,32 @@ class VirtualAgent:
             target=self._follow_feed, args=(since, stop), daemon=True, name="virtual-feed"
         )
         watcher.start()
-        next_beat = self.monotonic() + self.heartbeat_seconds
+        next_beat = self.monotonic()  # the first heartbeat in the first turn, after its pass
         while not stop.is_set():
             self.wake.clear()
-            try:
-                self.sync()
-                if self.monotonic() >= next_beat:
-                    self.heartbeat()
-                    next_beat = self.monotonic() + self.heartbeat_seconds
-            except ownership.Taken:  # another agent acts for one of these Nodes: this one stops
-                raise
-            except Exception as exc:  # the loop never dies: log, read everything again shortly
-                self._failures.failed("virtual agent pass", exc)
+            synced = self._guarded("virtual agent pass", self.sync)
+            # Beats even when a pass fails, as a real agent does: the nodes are fine.
+            if self.monotonic() >= next_beat:
+                beat = self._guarded("virtual agent heartbeat", self.heartbeat)
+                next_beat = self.monotonic() + (self.heartbeat_seconds if beat else RETRY_S)
+            if not synced:  # read everything again shortly
                 self.resync()
-                stop.wait(1.0)
+                stop.wait(RETRY_S)
                 continue
             self.wake.wait(self.next_wake(next_beat))
         watcher.join(timeout=5)
+
+    def _guarded(self, what: str, step: Callable[[], object]) -> bool:
+        """One step of the loop, which never dies: a failure is logged (once a minute for a
+        repeat) and False returned; another agent taking one of the Nodes ends the loop."""
+        try:
+            step()
+        except ownership.Taken:
+            raise
+        except Exception as exc:
+            self._failures.failed(what, exc)
+            return False
+        return True
 
     def _follow_feed(self, since: int, stop: threading.Event) -> None:
         """Mark the Bindings of these nodes that others wrote; reconnect if the database goes.

@@ -128,7 +128,7 @@ class SweepSpec(meta.Model):
         return depends
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SweepSpec":
+    def _consistent(self, info: ValidationInfo) -> "SweepSpec":
         given = [f for f in ("items", "files", "matrix") if getattr(self, f) is not None]
         if len(given) != 1:
             found = ", ".join(given) if given else "none"
@@ -140,6 +140,11 @@ class SweepSpec(meta.Model):
                 "not allowed in a Sweep: its Jobs are deleted with the Sweep (a deleted Job "
                 "would be created and run again)",
             )
+        if meta.is_input(info):  # its Jobs' annotations, as a Job's own are checked
+            try:
+                job.simulated_run(self.template.metadata.annotations)
+            except meta.FieldError as exc:
+                raise meta.FieldError(f"template.{exc.path}", exc.message) from None
         known = placeholders(self)
         for path, value in templated(self.template.spec):
             fill(value, dict.fromkeys(known, ""), f"template.spec.{path}")

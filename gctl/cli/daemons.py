@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -128,17 +128,19 @@ def _agent_runner(
         options.fake_gpus, options.gpu_model, options.gpu_memory, node_name=node_name
     )
     state_dir = (options.state_dir or agent.default_state_dir(node_name)).resolve()
-    the_agent = agent.Agent(
-        opened.database(db_url),
-        node_name,
-        backend,
-        state_dir,
-        labels=_labels(options.labels),
-        heartbeat_seconds=options.heartbeat_seconds,
-        grace_seconds=options.grace_seconds,
-        fence_seconds=options.fence_seconds,
-        address=options.address,
-    )
+    database = opened.database(db_url)
+    with _state_dir_errors(state_dir):
+        the_agent = agent.Agent(
+            database,
+            node_name,
+            backend,
+            state_dir,
+            labels=_labels(options.labels),
+            heartbeat_seconds=options.heartbeat_seconds,
+            grace_seconds=options.grace_seconds,
+            fence_seconds=options.fence_seconds,
+            address=options.address,
+        )
     try:
         the_agent.claim()  # a second agent for the node stops here, in one line
     except BaseException:
@@ -160,19 +162,23 @@ def _virtual_runner(
         names.check_dns_subdomain(virtual.node_names(options.nodes, options.name_prefix)[-1])
     except ValueError as exc:
         raise errors.Invalid(f"--name-prefix: {exc}") from None
-    state_dir = options.state_dir or agent.default_virtual_state_dir(options.name_prefix)
-    the_agent = virtual.VirtualAgent(
-        opened.database(db_url),
-        nodes=options.nodes,
-        gpus_per_node=options.gpus_per_node,
-        name_prefix=options.name_prefix,
-        gpu_model=options.gpu_model,
-        gpu_memory=options.gpu_memory,
-        labels=_labels(options.labels),
-        heartbeat_seconds=options.heartbeat_seconds,
-        time_scale=options.time_scale,
-        state_dir=state_dir.resolve(),
-    )
+    database = opened.database(db_url)
+    state_dir = (
+        options.state_dir or agent.default_virtual_state_dir(options.name_prefix, database.url)
+    ).resolve()
+    with _state_dir_errors(state_dir):
+        the_agent = virtual.VirtualAgent(
+            database,
+            nodes=options.nodes,
+            gpus_per_node=options.gpus_per_node,
+            name_prefix=options.name_prefix,
+            gpu_model=options.gpu_model,
+            gpu_memory=options.gpu_memory,
+            labels=_labels(options.labels),
+            heartbeat_seconds=options.heartbeat_seconds,
+            time_scale=options.time_scale,
+            state_dir=state_dir,
+        )
     try:
         the_agent.claim()  # another agent for one of the Nodes stops this one here, in one line
     except BaseException:
@@ -180,6 +186,15 @@ def _virtual_runner(
         raise
     opened.agent = the_agent
     return the_agent.run
+
+
+@contextlib.contextmanager
+def _state_dir_errors(state_dir: Path) -> Iterator[None]:
+    """A state directory the agent cannot make or lock is one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise errors.Invalid(f"--state-dir {state_dir}: {exc.strerror or exc}") from None
 
 
 def _controller_runner(

@@ -105,7 +105,8 @@ NodeTimeoutOpt = Annotated[
     float,
     typer.Option(
         "--node-timeout",
-        help="Seconds without a heartbeat before a node is lost.",
+        help="Seconds without a heartbeat before a node is NotReady (its jobs are retried "
+        "elsewhere once their agent's fence has stopped them too).",
         min=0.5,
         callback=_seconds,
     ),

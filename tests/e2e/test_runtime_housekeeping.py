@@ -205,3 +205,17 @@ def test_an_attempt_whose_record_is_damaged_is_lost_and_says_which(
     assert state.message == (
         f"its supervisor ended, and its {damaged} cannot be read (empty or damaged)"
     )
+
+
+def test_the_fences_of_the_jobs_alive_here_are_those_they_were_launched_with(
+    node: runtime.Runtime, tmp_path: Path
+) -> None:
+    """An agent restarted with a shorter --fence-after adopts jobs launched with a longer one:
+    the node's record of how long its jobs outlive it must be theirs (QA's review)."""
+    lease = tmp_path / "lease"
+    lease.touch()
+    launch_script(node, "fenced", "sleep 60", lease=lease)  # fence 30 s, grace 2 s
+    launch_script(node, "unfenced", "sleep 60")
+    launch_script(node, "ended", "true", lease=lease)
+    until(lambda: node.state("ended").phase == "exited", "a job to end")
+    assert sorted(node.fences(), key=str) == [32.0, None]

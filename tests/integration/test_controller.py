@@ -249,6 +249,33 @@ def test_a_finished_job_is_deleted_when_its_ttl_runs_out(database: db.Database) 
         assert reader.find(binding.Binding, "short-1", "default") is None
 
 
+def test_a_ttl_counts_from_when_the_controller_saw_the_job_finish(database: db.Database) -> None:
+    """Its completion time is the attempt's end on its agent's clock, which may be long before
+    (the controller was down) or, skewed, after: the TTL counts on the controller's own clock,
+    so a Job is never deleted the moment it is seen finished."""
+    early = make_job("early").build()
+    early.spec.ttl_seconds_after_finished = 60
+    _stored_on_n1(database, 1, early)
+    _schedule(database)
+    with database.write() as session:
+        writer = store.Store(session)
+        attempt = writer.get(binding.Binding, "early-1", "default")
+        attempt.status.phase = "Exited"
+        attempt.status.exit_code = 0
+        attempt.status.reason = "Completed"
+        attempt.status.start_time = T0
+        attempt.status.finish_time = T0 + timedelta(seconds=1)
+        writer.update_status(attempt)
+    seen = T0 + timedelta(minutes=10)  # the controller was down until then
+    _reconcile(database, "early", seen)
+    done = _get(database, job.Job, "early")
+    assert isinstance(done, job.Job)
+    assert done.status.completion_time == T0 + timedelta(seconds=1)
+    later = seen + timedelta(seconds=1)
+    due = store.transact(database, lambda w: jobs.reconcile(w, "default", "early", later))
+    assert due == seen + timedelta(seconds=60)
+
+
 def test_a_new_job_the_controller_skips_is_one_reconcile_leaves_untouched(
     database: db.Database,
 ) -> None:

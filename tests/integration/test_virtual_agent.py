@@ -440,3 +440,13 @@ def test_holders_silent_for_their_window_are_taken_over_one_after_another(
     assert taker.claim(threading.Event())
     assert time.monotonic() - started >= 2 * 0.3
     assert set(held_by(database).values()) == {taker.instance.id}
+
+
+def test_the_default_lock_of_virtual_nodes_is_one_per_database() -> None:
+    """Two simulations on one host, each on its own database (two replays), do not refuse
+    each other; the same database's next virtual agent finds its predecessor's lock."""
+    one = agent.default_virtual_state_dir("vnode", "/tmp/a/gctl.db")
+    assert one == agent.default_virtual_state_dir("vnode", "/tmp/a/gctl.db")
+    assert one != agent.default_virtual_state_dir("vnode", "/tmp/b/gctl.db")
+    assert one.parent.name == "_virtual"
+    assert one.name.startswith("vnode-")

@@ -242,6 +242,18 @@ def test_a_bad_simulation_annotation_is_refused_when_applied(annotations: str, w
     assert where in message
 
 
+def test_a_sweeps_template_simulation_annotations_are_checked_too() -> None:
+    text = _sweep(
+        "{items: [a], template: {metadata: {annotations: {gctl/simulated-exit-code: '300'}}, "
+        "spec: {command: x}}}"
+    )
+    with pytest.raises(errors.Invalid) as caught:
+        manifest.parse("s.yaml", text)
+    assert "spec.template.metadata.annotations[gctl/simulated-exit-code]: '300' is not an" in str(
+        caught.value
+    )
+
+
 def test_good_simulation_annotations_and_a_stored_bad_one_read() -> None:
     text = (
         "apiVersion: gctl/v1\nkind: Job\nmetadata: {name: v, annotations: "
