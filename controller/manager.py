@@ -372,8 +372,8 @@ class Controller:
         nothing of the agents, and must not keep a dead node from being judged."""
         now = self.clock()
         gap = now - since
-        for name, (heartbeat, observed) in self._seen.items():
-            self._seen[name] = (heartbeat, min(now, observed + gap))
+        for name, (heartbeat, observed, outlive) in self._seen.items():
+            self._seen[name] = (heartbeat, min(now, observed + gap), outlive)
 
     def _wait(self, stop: threading.Event, *, block: bool = True) -> set[Key]:
         """What changed, or is due: waits for something unless `block` is false."""

@@ -15,8 +15,9 @@ from gctl.store import store
 
 SOURCE = "controller/nodes"
 
-# node name -> (the heartbeat last read, when this controller first read it)
-Seen = dict[str, tuple[datetime | None, datetime]]
+# node name -> (the heartbeat last read, when this controller first read it, and how long the
+# node's jobs outlive its heartbeat as the Node said then: kept for when the Node is deleted)
+Seen = dict[str, tuple[datetime | None, datetime, float]]
 
 
 def reconcile(
@@ -50,13 +51,19 @@ def _reconcile(
     seen: Seen,
 ) -> datetime | None:
     if n is None:
+        # Its jobs may run on (its agent alive, or not yet fenced): lost once they cannot, as
+        # for a silent node, counted from the heartbeat last seen move, where this controller
+        # saw one. An agent alive registers the Node again meanwhile, and they run on.
+        last = seen.get(name)
+        if last is not None and now < (lost := last[1] + timedelta(seconds=last[2])):
+            return lost
         seen.pop(name, None)
         _lose_attempts(writer, name, "the node was deleted", now)
         return None
     heartbeat = n.status.heartbeat_time
     previous = seen.get(name)
     if previous is None or previous[0] != heartbeat:
-        seen[name] = (heartbeat, now)
+        seen[name] = (heartbeat, now, outlive(n))
     observed = seen[name][1]
     due = observed + timeout
     if now < due:
@@ -67,7 +74,7 @@ def _reconcile(
     ):
         n = writer.update_status(n)
         writer.record_event(n, "NodeNotReady", message, type_="Warning", source=SOURCE)
-    lost = observed + max(timeout, timedelta(seconds=outlive(n)))
+    lost = observed + max(timeout, timedelta(seconds=seen[name][2]))
     if now < lost:
         return lost  # NotReady, taking no new work; its jobs may still run until then
     _lose_attempts(writer, name, message, now)

@@ -150,6 +150,38 @@ def test_a_deleted_node_loses_its_attempts(database: db.Database) -> None:
     assert lost.status.phase == "Lost"
 
 
+def test_a_deleted_nodes_attempts_are_lost_once_their_fence_stopped_them(
+    database: db.Database,
+) -> None:
+    """`gctl delete node` of a silent node (or one whose agent is alive: it registers the
+    Node again) must not run its jobs twice either: lost once their fence and grace period
+    are over, counted from the heartbeat last seen."""
+    seen: nodes.Seen = {}
+    with database.write() as session:
+        writer = store.Store(session)
+        _node(writer, "n1", 1)
+        writer.create(make_job("stranded").build())
+        held = writer.get(node.Node, "n1")
+        held.status.jobs_outlive_seconds = 50
+        writer.update_status(held)
+    _schedule(database)
+    timeout = timedelta(seconds=40)
+    store.transact(database, lambda w: nodes.reconcile(w, "n1", T0, timeout, seen))
+    with database.write() as session:
+        store.Store(session).delete(node.Node, "n1")
+    later = T0 + timedelta(seconds=10)
+    due = store.transact(database, lambda w: nodes.reconcile(w, "n1", later, timeout, seen))
+    assert due == T0 + timedelta(seconds=50)
+    kept = _get(database, binding.Binding, "stranded-1")
+    assert isinstance(kept, binding.Binding)
+    assert kept.status.phase == "Pending"
+    after = T0 + timedelta(seconds=51)
+    store.transact(database, lambda w: nodes.reconcile(w, "n1", after, timeout, seen))
+    lost = _get(database, binding.Binding, "stranded-1")
+    assert isinstance(lost, binding.Binding)
+    assert (lost.status.phase, lost.status.message) == ("Lost", "the node was deleted")
+
+
 def test_node_timeout_runs_from_when_the_controller_saw_the_heartbeat(
     database: db.Database,
 ) -> None:
