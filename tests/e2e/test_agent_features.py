@@ -186,7 +186,11 @@ def test_job_grace_period_overrides_the_agents(agents: Agents, gctl: Gctl, tmp_p
     script = f"trap '' TERM; sleep 300 & echo $! > {tmp_path}/child; wait"
     apply_job(gctl, "stubborn", ["bash", "-c", script], terminationGracePeriodSeconds=1)
     wait_phase(gctl, "stubborn", "Running")
-    wait_for((tmp_path / "child").exists, "the job to start its child", DEADLINE)
+    wait_for(  # written whole: the file exists, empty, before `echo` writes it
+        lambda: (tmp_path / "child").exists() and (tmp_path / "child").read_text().endswith("\n"),
+        "the job to start its child",
+        DEADLINE,
+    )
     child = int((tmp_path / "child").read_text())
     pid = attempt(gctl, "stubborn-1")["status"]["pid"]
 

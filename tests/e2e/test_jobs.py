@@ -196,13 +196,18 @@ def _pids(tmp_path: Path) -> list[int]:
     return [int((tmp_path / name).read_text()) for name in ("parent", "child")]
 
 
+def _started(tmp_path: Path) -> bool:
+    """Whether `_group_script` wrote both pids (the parent's last: a flake read it unwritten)."""
+    return (tmp_path / "parent").exists() and (tmp_path / "parent").read_text().endswith("\n")
+
+
 def test_deadline_kills_the_whole_process_group(
     cluster: Cluster, gctl: Gctl, tmp_path: Path
 ) -> None:
     cluster.controller()
     cluster.agent()
     apply_job(gctl, "slow", _group_script(tmp_path), activeDeadlineSeconds=2)
-    wait_for((tmp_path / "child").exists, "the job to start its child")
+    wait_for(lambda: _started(tmp_path), "the job to start its child")
     failed = wait_for(phase_is(gctl, "slow", "Failed"), "the deadline to fail the job")
     assert failed["status"]["reason"] == "DeadlineExceeded"
     assert not any(alive(pid) for pid in _pids(tmp_path))
@@ -212,7 +217,7 @@ def test_delete_stops_the_whole_process_group(cluster: Cluster, gctl: Gctl, tmp_
     cluster.controller()
     cluster.agent()
     apply_job(gctl, "doomed", _group_script(tmp_path))
-    wait_for((tmp_path / "child").exists, "the job to start its child")
+    wait_for(lambda: _started(tmp_path), "the job to start its child")
     pids = _pids(tmp_path)
     assert all(alive(pid) for pid in pids)
     assert gctl.ok("delete", "job", "doomed") == 'job.gctl "doomed" deleted\n'
