@@ -20,8 +20,8 @@ host's clock: that is only enough to refuse at once. Otherwise this agent watche
 heartbeat on its own monotonic clock, as the controller times nodes out: one that moves is
 alive (refused), one that stood still for the other agent's whole silence window (three of its
 heartbeats, at least 10 s) and, where longer, until its jobs are sure to have been stopped by
-their fence (`AgentInstance.gone_after`: its --fence-after, --grace-period and one heartbeat)
-is taken over: the attempts it ran are then reported lost and run again, and must not still
+their fence (`Held.gone_after`: its --fence-after, --grace-period and one heartbeat, or those
+its jobs were launched with, which the Node records, where longer) is taken over: the attempts it ran are then reported lost and run again, and must not still
 run on its host. So hosts' clocks need not agree.
 """
 
@@ -122,11 +122,18 @@ def new_instance(
 
 
 class Held(NamedTuple):
-    """Another agent's hold on the Node, as read: its instance, and its last heartbeat as
-    written by its own host's clock."""
+    """Another agent's hold on the Node, as read: its instance, its last heartbeat as written
+    by its own host's clock, and how long the Node's jobs outlive that heartbeat
+    (`NodeStatus.jobs_outlive_seconds`: jobs it adopted may have a longer fence than its own)."""
 
     instance: node.AgentInstance
     beat: datetime | None
+    outlive: float | None = None
+
+    def gone_after(self) -> float:
+        """How long its heartbeat must stand still before it may be taken over: its own
+        silence window and fence (`AgentInstance.gone_after`), or its jobs', where longer."""
+        return max(self.instance.gone_after(), self.outlive or 0.0)
 
     def looks_fresh(self, now: datetime) -> bool:
         """Whether its heartbeat is recent by this host's clock: enough to refuse at once (a
@@ -168,7 +175,7 @@ def held(
     theirs = current.status.agent_instance if current is not None else None
     if current is None or theirs is None or theirs.id == ours.id or theirs.id in predecessors:
         return None
-    return Held(theirs, current.status.heartbeat_time)
+    return Held(theirs, current.status.heartbeat_time, current.status.jobs_outlive_seconds)
 
 
 def check(
@@ -248,10 +255,10 @@ def watch(
     """Watch another agent's hold on the Node `name`, whose heartbeat looks stale, on this
     host's monotonic clock (as the controller times a node out): Taken as soon as its
     heartbeat moves (alive); else SILENT once it stood still for its whole silence window
-    (`AgentInstance.gone_after`: it may be taken over, while it has not moved), LET_GO if it
+    (`Held.gone_after`: it may be taken over, while it has not moved), LET_GO if it
     was let go of meanwhile (a clean stop, or the Node deleted: no one's), STOPPED if `stop`
     was set. `flag`: as for `refusal`."""
-    window = theirs.instance.gone_after()
+    window = theirs.gone_after()
     log.warning(
         "node %s: agent on host %s pid %d last beat at %s; waiting up to %gs to see whether it "
         "is alive",
@@ -279,7 +286,7 @@ def said_taken_over(name: str, theirs: Held) -> None:
         name,
         theirs.instance.hostname,
         theirs.instance.pid,
-        theirs.instance.gone_after(),
+        theirs.gone_after(),
     )
 
 

@@ -313,3 +313,22 @@ def test_the_state_directory_lock_file_is_on_disk_before_the_agent_acts(
     lock = made._state_lock._fd
     assert lock is not None
     assert synced.count(lock) == 2  # taken, then claimed
+
+
+def test_a_silent_agent_whose_jobs_outlive_it_longer_is_watched_that_long(
+    agents: Agents, database: db.Database, short_silence: None
+) -> None:
+    """Jobs it adopted from an agent with a longer fence than its own run on that long (the
+    Node records it): the Node is taken over only then (review)."""
+    first = agents("host-a", heartbeat_seconds=SHORT_BEAT)
+    first.claim()
+    first.heartbeat()
+    with database.write() as session:
+        writer = store.Store(session)
+        held = writer.get(node.Node, "nb")
+        held.status.jobs_outlive_seconds = 3 * SHORT_SILENCE
+        writer.update_status(held)
+    second = agents("host-b", clock=NOW + timedelta(seconds=31))
+    began = time.monotonic()
+    assert second.claim(threading.Event())
+    assert time.monotonic() - began >= 3 * SHORT_SILENCE
