@@ -17,12 +17,13 @@ start a job twice, or stop the other's jobs).
 
 Whether the other agent is gone is never read from its heartbeat's time, written by another
 host's clock: that is only enough to refuse at once. Otherwise this agent watches the stored
-heartbeat on its own monotonic clock, as the controller times nodes out: one that moves is
-alive (refused), one that stood still for the other agent's whole silence window (three of its
+heartbeat on its own monotonic clock, as the controller times nodes out: one that moves is alive
+(refused), one that stood still for the other agent's whole silence window (three of its
 heartbeats, at least 10 s) and, where longer, until its jobs are sure to have been stopped by
 their fence (`Held.gone_after`: its --fence-after, --grace-period and one heartbeat, or those
-its jobs were launched with, which the Node records, where longer) is taken over: the attempts it ran are then reported lost and run again, and must not still
-run on its host. So hosts' clocks need not agree.
+its jobs were launched with, which the Node records, where longer) is taken over: the attempts
+it ran are then reported lost and run again, and must not still run on its host. So hosts'
+clocks need not agree.
 """
 
 import contextlib
