@@ -309,6 +309,7 @@ class VirtualAgent:
                 status.hostname = hostname
                 status.agent_version = gctl.__version__
                 status.agent_instance = self.instance
+                status.jobs_outlive_seconds = None  # nothing runs: none outlives a heartbeat
                 meta.set_condition(
                     status.conditions,
                     "Ready",
