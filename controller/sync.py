@@ -7,8 +7,9 @@ in one transaction. A pass that puts back a member someone changed or deleted by
 an Event `DriftReverted` on the member and on the set.
 
 `Syncer.run` keeps passing: on every save in the directory (watchfiles, debounced; `dirwatch`
-follows the directory when it is deleted and made again) and on every change to a member that
-did not come from this sync (the change feed).
+follows the directory when it is deleted and made again, or its path, a symlink, is swapped), on
+every change to a member that did not come from this sync (the change feed), and once a minute
+whatever happened (`PERIODIC_S`).
 """
 
 import logging
@@ -28,6 +29,11 @@ log = logging.getLogger("gctl.sync")
 Key = applying.Key
 Fingerprint = tuple[str, str, str]
 SOURCE = "gctl-sync"  # the From of the Events a sync records
+# A pass this often with no event to ask for one, as Argo CD and Flux resync on an interval:
+# what no file event tells (a directory of manifests moved in or out, a symlinked file's target
+# edited outside the directory) and a pass refused for a reason that has since gone (an object
+# another set held until it let go) are taken up within this long.
+PERIODIC_S = 60.0
 DELETED_BY_HAND = "deleted by hand"
 
 
@@ -80,14 +86,18 @@ class Syncer:
         self._own: set[int] = set()  # revisions this sync wrote
         self._lock = threading.Lock()
         self._failures = failures.FailureLog(log)
+        self.periodic_s = PERIODIC_S
 
     # -- one pass -------------------------------------------------------------------------------
 
-    def sync_once(self) -> Outcome:
-        """Read the directory and apply it, or record why not; never raises a user's error."""
+    def sync_once(self, *, periodic: bool = False) -> Outcome:
+        """Read the directory and apply it, or record why not; never raises a user's error.
+        `periodic`: a pass no event asked for (`PERIODIC_S`), which says nothing when it
+        changed nothing."""
         with self._lock:
             outcome = self._pass()
-        for line in outcome.lines:
+        quiet = periodic and outcome.error is None and len(outcome.lines) <= 1
+        for line in [] if quiet else outcome.lines:
             self.report(line, False)
         if outcome.error is not None:
             self.report(f"error: {outcome.error}", True)
@@ -247,10 +257,11 @@ class Syncer:
         log.info("syncing %s as applyset %s", self.options.directory, self.options.name)
         wakeups.put("start")
         while not stop.is_set():
+            periodic = False
             try:
-                wakeups.get(timeout=feed.RESYNC_SECONDS)  # the watchers wake it as they stop
+                wakeups.get(timeout=self.periodic_s)  # the watchers wake it as they stop
             except queue.Empty:
-                continue
+                periodic = True  # what no event tells: see PERIODIC_S
             if stop.is_set():
                 break
             while not wakeups.empty():  # one pass for everything that came together
@@ -258,7 +269,7 @@ class Syncer:
             if self._settling.is_set():  # its BACK brings the pass (drift, retries wait)
                 continue
             try:
-                self.sync_once()
+                self.sync_once(periodic=periodic)
             except Exception as exc:  # the database went away: the loop must not die
                 self._failures.failed(f"sync of {self.options.directory}", exc)
                 stop.wait(1.0)

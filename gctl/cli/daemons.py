@@ -627,7 +627,9 @@ def sync_options(
     from gctl.api import applyset, kinds
     from gctl.cli import apply as applying
 
-    path = Path(directory).resolve()
+    # Absolute, but not resolved: a symlink swapped to another directory (the README's way to
+    # replace the truth at once) is followed, the link read again at each pass.
+    path = Path(os.path.abspath(directory))
     if not path.is_dir():
         raise errors.Invalid(f"{directory}: not a directory (sync takes the directory to follow)")
     name = applyset_name or applyset.name_for_directory(str(path))

@@ -291,6 +291,31 @@ def test_sync_watch_follows_a_directory_deleted_and_recreated(
         assert jobs(database)["train"]["spec"]["priority"] == 11
 
 
+def test_sync_watch_follows_a_symlink_swapped_to_another_directory(
+    gctl: Gctl, database: db.Database, tmp_path: Path
+) -> None:
+    """The README's way to replace the truth at once: a symlink to a complete copy, swapped
+    (`ln -sfn v2 new && mv -T new current`). QA: sync resolved the link once, at its start,
+    and followed v1 for ever."""
+    v1, v2, current = tmp_path / "v1", tmp_path / "v2", tmp_path / "current"
+    v1.mkdir()
+    v2.mkdir()
+    write_job(v1, "a", "sleep", "60", priority=1)
+    write_job(v2, "a", "sleep", "60", priority=2)
+    write_job(v2, "b", "sleep", "60")
+    current.symlink_to("v1")
+    with process(gctl, "sync", str(current), "--applyset", "exp", "--watch") as (out, _):
+        out.wait_for(lambda line: line == "job.gctl/a created", WAIT)
+        new = tmp_path / "new"
+        new.symlink_to("v2")
+        new.replace(current)  # rename(2): the swap is atomic
+        out.wait_for(lambda line: line == "job.gctl/b created", WAIT)
+        assert jobs(database)["a"]["spec"]["priority"] == 2
+        write_job(v2, "a", "sleep", "60", priority=3)  # and v2 is the one watched now
+        out.wait_for(lambda line: line == "job.gctl/a configured", WAIT)
+    assert the_set(database)["spec"]["source"] == str(current)
+
+
 def test_sync_rerun_on_change(
     gctl: Gctl, database: db.Database, tmp_path: Path, cluster: None
 ) -> None:

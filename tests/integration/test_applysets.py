@@ -1,6 +1,8 @@
 """Applysets on real SQLite files and a real PostgreSQL: membership, prune, the ApplySet's
 status, and one sync pass over a real directory (drift reverted, a broken file kept out)."""
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,43 @@ def test_a_sync_pass_reverts_drift_and_says_so(database: db.Database, tmp_path: 
     assert the_set.status.drift_reverted == 1
     reasons = [e.spec.reason for e in _events(database, the_set)]
     assert reasons == [applyset.REASON_DRIFT_REVERTED]
+
+
+def test_a_sync_passes_now_and_then_for_what_no_file_event_tells(
+    database: db.Database, tmp_path: Path
+) -> None:
+    """QA: a directory of manifests moved into the synced one (no manifest file event: the
+    watcher sees a directory) waited for some other save. A pass now and then (`PERIODIC_S`)
+    takes it up; one that changes nothing says nothing."""
+    (tmp_path / "a.yaml").write_text(make_job("a").yaml())
+    lines: list[str] = []
+    syncer = sync.Syncer(
+        database,
+        sync.Options(directory=tmp_path, name="exp"),
+        report=lambda line, _error: lines.append(line),
+    )
+    syncer.periodic_s = 0.3
+    stop = threading.Event()
+    running = threading.Thread(target=syncer.run, args=(stop,))
+    running.start()
+    try:
+        deadline = time.monotonic() + 20
+        while "a" not in _jobs(database):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        staging = tmp_path.parent / f"{tmp_path.name}-staging"
+        (staging / "more").mkdir(parents=True)
+        (staging / "more" / "b.yaml").write_text(make_job("b").yaml())
+        (staging / "more").rename(tmp_path / "more")
+        while "b" not in _jobs(database):
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.05)
+        said = len(lines)
+        time.sleep(1.0)  # some passes more, each changing nothing
+        assert lines[said:] == []
+    finally:
+        stop.set()
+        running.join(15)
 
 
 def test_a_broken_file_applies_nothing(database: db.Database, tmp_path: Path) -> None:
