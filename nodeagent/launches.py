@@ -148,11 +148,14 @@ def launch_for(
     argv = command_argv(owner.spec, gpu_list, env)
     grace = owner.spec.termination_grace_period_seconds
     warning = owner.spec.stop_warning
+    working_dir, success_file = owner.spec.working_dir, owner.spec.success_file
     return runtime.Launch(
         uid=bound.metadata.uid or "",
         argv=argv,
         env=env,
-        cwd=owner.spec.working_dir,
+        # `{gpus}` here too, as in a Sweep's template, which leaves it for the agent (QA: a
+        # Sweep's successFile `done-{gpus}` was looked for as written, and the Job failed)
+        cwd=working_dir.replace("{gpus}", gpu_list) if working_dir else working_dir,
         log_path=attempts.log_path(
             owner.namespace, owner.name, bound.spec.job_uid, bound.spec.attempt
         ),
@@ -161,6 +164,6 @@ def launch_for(
         fence_seconds=settings.fence_seconds,
         fence_grace_seconds=settings.grace_seconds,
         stop_warning=None if warning is None else (warning.signal, warning.seconds),
-        success_file=owner.spec.success_file,
+        success_file=success_file.replace("{gpus}", gpu_list) if success_file else success_file,
         wait_for=wait_for,
     )

@@ -71,6 +71,24 @@ def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
     )
 
 
+def test_gpus_in_the_working_dir_and_success_file_become_the_gpu_list(tmp_path: Path) -> None:
+    """As a Sweep's template promises: `{gpus}` is left there for the agent."""
+    owner = make_job("j").in_namespace("default").build()
+    owner.spec.working_dir = "/runs/gpus-{gpus}"
+    owner.spec.success_file = "done-{gpus}"
+    node = runtime.Runtime(tmp_path / "state")
+    try:
+        launch = launches.launch_for(
+            node,
+            launches.Settings("node-1", 30.0, None, 0.0),
+            make_binding("j", "n", [2, 3]),
+            owner,
+        )
+    finally:
+        node.close()
+    assert (launch.cwd, launch.success_file) == ("/runs/gpus-2,3", "done-2,3")
+
+
 DISTRIBUTED = (
     *("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES"),
     *("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
