@@ -240,8 +240,12 @@ def _report(
     only once its plan was written: with no files seen, the children wait for the next one.
     A problem that stops it (a name taken, no files) is told once, as a Warning event."""
     told = (s.status.reason, s.status.message)
-    phases = [mine[n]["status"].get("phase", "Pending") for n in names if n in mine]
-    counted = sweep.progress(len(names), phases)
+    statuses = [mine[n]["status"] for n in names if n in mine]
+    phases = [status.get("phase", "Pending") for status in statuses]
+    again = sum(
+        1 for st in statuses if st.get("phase", "Pending") == "Pending" and job.has_started(st)
+    )
+    counted = sweep.progress(len(names), phases, again)
     status = s.status.model_copy(deep=True)
     before = status.phase
     status.phase = counted.phase

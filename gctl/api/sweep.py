@@ -425,6 +425,7 @@ class Progress:
     succeeded: int
     failed: int
     running: int
+    started: int = 0  # pending Jobs that have run before (in back-off, requeued): not counted above
 
     @property
     def pending(self) -> int:
@@ -433,24 +434,27 @@ class Progress:
     @property
     def phase(self) -> SweepPhase:
         """Like an Argo workflow: Succeeded when every Job succeeded, Failed once every Job
-        has finished and some failed, Running once one has started, else Pending."""
+        has finished and some failed, Running once one has started (and still while one
+        that ran waits to run again), else Pending."""
         if self.total and self.succeeded == self.total:
             return "Succeeded"
         if self.total and self.succeeded + self.failed == self.total:
             return "Failed"
-        if self.succeeded + self.failed + self.running:
+        if self.succeeded + self.failed + self.running + self.started:
             return "Running"
         return "Pending"
 
 
-def progress(total: int, phases: Iterable[str]) -> Progress:
-    """Count the phases of the points' Jobs; a point with no Job yet is pending."""
+def progress(total: int, phases: Iterable[str], started: int = 0) -> Progress:
+    """Count the phases of the points' Jobs; a point with no Job yet is pending. `started`:
+    how many pending ones have run before (QA: a Sweep went from Running back to Pending while
+    its one Job waited out its back-off)."""
     counts = {"Succeeded": 0, "Failed": 0, "Running": 0}
     for phase in phases:
         key = "Running" if phase == "Scheduled" else phase
         if key in counts:
             counts[key] += 1
-    return Progress(total, counts["Succeeded"], counts["Failed"], counts["Running"])
+    return Progress(total, counts["Succeeded"], counts["Failed"], counts["Running"], started)
 
 
 # -- dependencies ------------------------------------------------------------------------------

@@ -93,6 +93,21 @@ def test_a_sweep_creates_one_owned_labelled_job_per_item(database: db.Database) 
     assert (counts.total, counts.pending, counts.phase) == (3, 3, "Pending")
 
 
+def test_a_sweep_whose_job_waits_to_retry_stays_running(database: db.Database) -> None:
+    """QA: Running, then Pending again while its one Job waited out its back-off."""
+    _create(database, _sweep("retry", items=["x"]))
+    _reconcile_sweep(database, "retry")
+    with database.write() as session:
+        writer = store.Store(session)
+        waiting = writer.get(job.Job, "retry-x", "default")
+        waiting.status.attempts, waiting.status.failed = 1, 1  # in back-off: Pending
+        writer.update_status(waiting)
+    _reconcile_sweep(database, "retry")
+    found = _get_sweep(database, "retry")
+    assert found is not None
+    assert (found.status.pending, found.status.running, found.status.phase) == (1, 0, "Running")
+
+
 def test_reapplying_with_one_more_item_adds_exactly_one_job(database: db.Database) -> None:
     _create(database, _sweep("lr", items=["a", "b"]))
     _reconcile_sweep(database, "lr")

@@ -296,6 +296,13 @@ def test_progress_counts_and_phase(
     assert found.phase == phase
 
 
+def test_a_sweep_whose_job_waits_to_run_again_is_still_running() -> None:
+    """Its one Job failed and waits out its back-off (Pending, having run): still Running,
+    not back to Pending (QA)."""
+    found = sweep.progress(1, ["Pending"], started=1)
+    assert (found.running, found.pending, found.phase) == (0, 1, "Running")
+
+
 # -- one reconcile's plan ----------------------------------------------------------------------
 
 
