@@ -261,8 +261,14 @@ def _pool_allows(w: Wire, _now: datetime) -> str:
 
 def _applyset_source(w: Wire, _now: datetime) -> str:
     """The directory a set comes from, its end kept when it is long: `...ts/experiments`."""
+    return _applyset_source_in(w, _SOURCE_WIDTH)
+
+
+def _applyset_source_in(w: Wire, room: int) -> str:
+    """The same in `room` columns (a long set name leaves it less: QA's 26-character one made
+    the line 102 columns)."""
     text = str(w["spec"].get("source") or NONE)
-    return text if len(text) <= _SOURCE_WIDTH else "..." + text[-(_SOURCE_WIDTH - 3) :]
+    return text if len(text) <= room else "..." + text[-(room - 3) :]
 
 
 def _applyset_synced(w: Wire, _now: datetime) -> str:
@@ -573,6 +579,7 @@ COLUMNS[GPU_VIEW] = (
 # line, each is narrowed to what the others leave it (printers.Table), read with that room.
 NARROWING: dict[tuple[str, str], Callable[[Wire, int], str]] = {
     (GPU_VIEW, "JOBS"): _gpu_jobs_in,  # a long model and a long sweep Job's name
+    ("ApplySet", "SOURCE"): _applyset_source_in,  # a long set name
 }
 
 FREE_TEXT = "MESSAGE"  # a column printed last, as kubectl's `get events` does: it gives way

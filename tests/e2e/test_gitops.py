@@ -99,6 +99,19 @@ def test_apply_prune_touches_only_the_sets_members(
     assert "Job   default    a     Pending" in described
 
 
+def test_get_applysets_fits_100_columns_with_a_long_name(gctl: Gctl, tmp_path: Path) -> None:
+    """QA: a 26-character set name made the line 102 columns (SOURCE was cut to a fixed 36);
+    SOURCE now gives way, its end kept."""
+    name = "lr-search-batch128-lr0-001"
+    deep = tmp_path / "a-rather-long-directory-of-experiments" / name
+    deep.mkdir(parents=True)
+    write_job(deep, "wj", "true")
+    gctl.ok("apply", "-f", str(deep), "--applyset", name)
+    lines = gctl.ok("get", "applysets").splitlines()
+    assert max(len(line) for line in lines) <= 100, lines
+    assert lines[1].split()[1].endswith(f"/{name}")
+
+
 def test_prune_needs_a_set(gctl: Gctl, tmp_path: Path) -> None:
     write_job(tmp_path, "a", "true")
     line = error_line(gctl("apply", "-f", str(tmp_path / "a.yaml"), "--prune"))
