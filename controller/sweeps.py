@@ -162,8 +162,15 @@ def plan(
 
 
 def _idle(wire: Wire) -> bool:
-    """Not started and not being deleted: free to change or delete."""
-    return not job.has_started(wire["status"]) and not wire["metadata"].get("deletionTimestamp")
+    """Never run and not being deleted: free to change or delete. A Job that failed before
+    it ever ran (its dependency failed, or made a cycle) is idle too: it holds no result, and
+    the README's way out, fixing the Sweep's dependsOn and `gctl rerun`, needs the fix to
+    reach it (QA: the rerun ran the old template again, and failed as before)."""
+    status = wire["status"]
+    never_ran = status.get("phase", "Pending") in ("Pending", "Failed") and not int(
+        status.get("attempts", 0)
+    )
+    return never_ran and not wire["metadata"].get("deletionTimestamp")
 
 
 def _finished(wire: Wire) -> bool:

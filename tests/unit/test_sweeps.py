@@ -333,6 +333,23 @@ def test_the_plan_deletes_removed_points_only_before_they_start() -> None:
     assert decided.create == decided.update == []
 
 
+def test_a_job_that_failed_before_it_ran_follows_the_template() -> None:
+    """Its dependency failed: the Sweep's fixed template reaches it, for `gctl rerun` to run
+    (QA); one that failed after it ran keeps what it ran."""
+    s = _sweep(items=["a", "b", "c"], template={"spec": {"command": ["run2", "{item}"]}})
+    mine = {
+        "s-a": _wire("s-a", "Failed"),  # DependencyFailed: never ran
+        "s-b": _wire("s-b", "Failed", 1),
+        "s-c": _wire("s-c", "Pending", 1),  # waiting to retry
+    }
+    decided = sweeps.plan(s, sweep.points(s.spec, None), mine, set())
+    assert [(j.name, j.spec.command) for j in decided.update] == [("s-a", ["run2", "a"])]
+    gone = sweeps.plan(
+        _sweep(items=["b", "c"]), sweep.points(_spec(items=["b", "c"]), None), mine, set()
+    )
+    assert gone.delete == ["s-a"]
+
+
 def test_the_plan_updates_idle_children_and_skips_names_taken() -> None:
     s = _sweep(items=["a", "b"], template={"spec": {"command": ["run2", "{item}"]}})
     mine = {"s-a": _wire("s-a"), "s-b": _wire("s-b", "Succeeded", 1)}
