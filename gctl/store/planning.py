@@ -73,6 +73,10 @@ def plan(
             actions.append(Action("unchanged", m.source, existing, existing))
             continue
         frozen = _frozen_field_changed(existing, desired)
+        if frozen is None and existing.metadata.deletion_timestamp is not None and not force:
+            # Written into an object on its way out, the change would be gone with it (QA: a
+            # Sweep applied while being deleted said `configured`, then was gone).
+            raise _being_deleted(m, existing, _changed_path(existing, desired))
         if frozen is None:
             actions.append(Action("configured", m.source, desired, existing))
         elif force:
@@ -100,13 +104,24 @@ def plan(
 
 
 def _being_deleted(m: manifest.Manifest, existing: meta.Resource, frozen: str) -> errors.Forbidden:
-    """A change that only a new Job can take, to a Job on its way out (Terminating): neither
-    the change nor a rerun would outlive it."""
+    """A change to an object on its way out (Terminating): neither the change nor a rerun
+    would outlive it."""
+    kind = existing.KIND
     return errors.Forbidden(
-        f'{m.source} ({existing.KIND} "{existing.name}"): {frozen}: cannot change a Job that '
-        "is being deleted (object is being deleted; its process may still be stopping); wait "
+        f'{m.source} ({kind} "{existing.name}"): {frozen}: cannot change a {kind} that '
+        "is being deleted (object is being deleted; its processes may still be stopping); wait "
         "for it to be gone and apply again, or apply with --force to replace it once it is gone"
     )
+
+
+def _changed_path(existing: meta.Resource, desired: meta.Resource) -> str:
+    """The first applied field that differs (`spec`, `metadata.labels`), for a message."""
+    for name in ("spec", "labels", "annotations"):
+        before = existing.spec if name == "spec" else getattr(existing.metadata, name)
+        after = desired.spec if name == "spec" else getattr(desired.metadata, name)
+        if before != after:
+            return name if name == "spec" else f"metadata.{name}"
+    return "spec"
 
 
 def prune(members: Iterable[meta.Resource], manifests: Sequence[manifest.Manifest]) -> list[Action]:

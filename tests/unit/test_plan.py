@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gctl.api import errors, job, manifest, meta
+from gctl.api import errors, job, manifest, meta, sweep
 from gctl.store import applysets, planning
 from tests.builders import make_job
 
@@ -89,6 +89,31 @@ def test_foreign_uid_in_manifest_is_a_conflict() -> None:
     desired.metadata.uid = "someone-else"
     with pytest.raises(errors.Conflict, match="deleted and recreated"):
         _plan(desired, stored)
+
+
+def test_a_sweep_being_deleted_refuses_a_change() -> None:
+    """QA: applied while being deleted, a changed Sweep said `configured`, then was gone with
+    its change. Refused as a Job on its way out is; an unchanged one is unchanged."""
+    stored = sweep.Sweep.model_validate(
+        {
+            "metadata": {"name": "s", "namespace": "default", "uid": "u", "resourceVersion": "3"},
+            "spec": {"items": ["a"], "template": {"spec": {"command": ["echo", "{item}"]}}},
+        }
+    )
+    stored.metadata.deletion_timestamp = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+    changed = sweep.Sweep.model_validate(
+        {
+            "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"items": ["a", "b"], "template": {"spec": {"command": ["echo", "{item}"]}}},
+        }
+    )
+    snapshot: dict[applysets.Key, meta.Resource] = {applysets.key_of(stored): stored}
+    with pytest.raises(errors.Forbidden) as caught:
+        planning.plan([manifest.Manifest(SOURCE, changed)], snapshot, False)
+    assert "spec: cannot change a Sweep that is being deleted" in str(caught.value)
+    same = stored.model_copy(update={"metadata": stored.metadata.model_copy()})
+    (action,) = planning.plan([manifest.Manifest(SOURCE, same)], snapshot, False)
+    assert action.verb == "unchanged"
 
 
 @pytest.mark.parametrize("policy", [None, "Rerun"])
