@@ -113,13 +113,22 @@ def decide(
     stored = reader.find(applyset.ApplySet, options.name)
     applysets.check_source(stored, options)
     policy = options.on_spec_change or (stored.spec.on_spec_change if stored else None)
+    current = snapshot(reader, manifests)
+    # Sets the objects name that are gone (deleted, their members left): no longer a claim.
+    others = {
+        obj.metadata.labels[applyset.LABEL]
+        for obj in current.values()
+        if obj.metadata.labels.get(applyset.LABEL, options.name) != options.name
+    }
+    gone = frozenset(n for n in others if reader.find(applyset.ApplySet, n) is None)
     actions = planning.plan(
         manifests,
-        snapshot(reader, manifests),
+        current,
         force,
         set_name=options.name,
         set_policy=policy,
         now=now,
+        gone_sets=gone,
     )
     if options.prune:
         if held is None:

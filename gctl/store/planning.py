@@ -48,15 +48,17 @@ def plan(
     set_name: str | None = None,
     set_policy: applyset.OnSpecChange | None = None,
     now: datetime | None = None,
+    gone_sets: frozenset[str] = frozenset(),
 ) -> list[Action]:
     """Decide what applying each manifest does; pure, so dry runs and tests share it.
 
     With `set_name`, every object becomes a member of that ApplySet (its label); an object
-    that belongs to another set is refused. `set_policy` is the set's `onSpecChange`."""
+    that belongs to another set is refused, unless that set is gone (`gone_sets`: deleted,
+    its members left behind). `set_policy` is the set's `onSpecChange`."""
     actions = []
     for m in manifests:
         existing = current.get(applysets.key_of(m.obj))
-        labels = _labels(m, existing, set_name)
+        labels = _labels(m, existing, set_name, gone_sets)
         if applyset.LABEL in labels:
             _check_no_ttl(m, labels[applyset.LABEL])
         given = without_server_owned(m.obj.metadata.annotations)
@@ -140,13 +142,20 @@ def prune(members: Iterable[meta.Resource], manifests: Sequence[manifest.Manifes
 
 
 def _labels(
-    m: manifest.Manifest, existing: meta.Resource | None, set_name: str | None
+    m: manifest.Manifest,
+    existing: meta.Resource | None,
+    set_name: str | None,
+    gone_sets: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """The manifest's labels and the membership label: the set applying it, or else the one
-    it already has (a one-off `gctl apply` of a member does not take it out of its set)."""
+    it already has (a one-off `gctl apply` of a member does not take it out of its set). A
+    label naming a set that is gone is no claim: another set may take the object (QA: a
+    deleted set's members could join no other, and only deleting them got them out)."""
     labels = dict(m.obj.metadata.labels)
     given = labels.get(applyset.LABEL)
     held = existing.metadata.labels.get(applyset.LABEL) if existing is not None else None
+    if set_name is not None and held in gone_sets:
+        held = None
     where = f'{m.source} ({m.obj.KIND} "{m.obj.name}")'
     if set_name is None:
         if held is not None:

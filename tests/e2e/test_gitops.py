@@ -68,7 +68,10 @@ def test_apply_prune_touches_only_the_sets_members(
         "job.gctl/a created\njob.gctl/b created\n"
     )
     seed(database, make_job("loose"))  # no set
-    seed(database, make_job("theirs").label("gctl/applyset", "other"))
+    other = tmp_path / "other"  # another set's member (a label alone, its set gone, is none)
+    other.mkdir()
+    write_job(other, "theirs", "true")
+    gctl.ok("apply", "-f", str(other), "--applyset", "other")
     (exp / "b.yaml").unlink()
 
     result = gctl("diff", "-f", str(exp), "--applyset", "exp", "--prune")
@@ -92,7 +95,10 @@ def test_apply_prune_touches_only_the_sets_members(
 
     header, rows = table(gctl.ok("get", "applysets"))
     assert header == ["NAME", "SOURCE", "MEMBERS", "SYNCED", "LAST", "SYNC", "AGE"]
-    assert [(row[0], row[2], row[3]) for row in rows] == [("exp", "1", "True")]
+    assert [(row[0], row[2], row[3]) for row in rows] == [
+        ("exp", "1", "True"),
+        ("other", "1", "True"),
+    ]
     assert rows[0][1].endswith("/exp")  # its source, the end kept when long
     described = gctl.ok("describe", "applyset", "exp")
     assert "Members:" in described
@@ -110,6 +116,23 @@ def test_get_applysets_fits_100_columns_with_a_long_name(gctl: Gctl, tmp_path: P
     lines = gctl.ok("get", "applysets").splitlines()
     assert max(len(line) for line in lines) <= 100, lines
     assert lines[1].split()[1].endswith(f"/{name}")
+
+
+def test_a_deleted_sets_members_may_join_another(
+    gctl: Gctl, database: db.Database, tmp_path: Path
+) -> None:
+    """QA: deleting an ApplySet left its members labelled as its own, and no other set could
+    take them ("already belongs to applyset 'one'", a set that no longer existed)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    for directory in (one, two):
+        directory.mkdir()
+        write_job(directory, "orphan", "true")
+    gctl.ok("apply", "-f", str(one), "--applyset", "one", "--prune")
+    gctl.ok("delete", "applyset", "one")
+    out = gctl.ok("apply", "-f", str(two), "--applyset", "two", "--prune")
+    assert "job.gctl/orphan configured" in out, out
+    assert jobs(database)["orphan"]["metadata"]["labels"]["gctl/applyset"] == "two"
+    assert gctl.ok("get", "applyset", "two", "-o", "name") == "applyset.gctl/two\n"
 
 
 def test_prune_needs_a_set(gctl: Gctl, tmp_path: Path) -> None:
