@@ -75,16 +75,15 @@ def plan(
             actions.append(Action("unchanged", m.source, existing, existing))
             continue
         frozen = _frozen_field_changed(existing, desired)
-        if frozen is None and existing.metadata.deletion_timestamp is not None and not force:
-            # Written into an object on its way out, the change would be gone with it (QA: a
-            # Sweep applied while being deleted said `configured`, then was gone).
-            raise _being_deleted(m, existing, _changed_path(existing, desired))
-        if frozen is None:
+        # Written into an object on its way out, a change would be gone with it (QA: a Sweep
+        # applied while being deleted said `configured`, then was gone): replaced, or refused.
+        deleting = existing.metadata.deletion_timestamp is not None
+        if frozen is None and not deleting:
             actions.append(Action("configured", m.source, desired, existing))
         elif force:
             actions.append(Action("replaced", m.source, desired, existing))
-        elif existing.metadata.deletion_timestamp is not None:
-            raise _being_deleted(m, existing, frozen)
+        elif deleting or frozen is None:  # (frozen is None only for one being deleted)
+            raise _being_deleted(m, existing, frozen or _changed_path(existing, desired))
         elif _policy(desired, set_policy) == applyset.RERUN:
             actions.append(
                 _rerun(
