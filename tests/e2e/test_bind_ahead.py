@@ -109,7 +109,11 @@ def test_an_armed_job_starts_while_its_agent_is_down(
     gctl: Gctl, cluster: Cluster, tmp_path: Path
 ) -> None:
     _first_then_second(gctl, cluster, tmp_path)
-    wait_for(_in_phase(gctl, "second-1", "Armed"), "second to be armed", DEADLINE)
+    armed = wait_for(_in_phase(gctl, "second-1", "Armed"), "second to be armed", DEADLINE)
+    # Its supervisor exists: the agent writes Armed, then asks for it (a kill between the two
+    # leaves it to the next agent; the full suite's load once made that window).
+    launched = tmp_path / "state-n1" / "attempts" / armed["metadata"]["uid"] / "launched.json"
+    wait_for(launched.exists, "second's supervisor", DEADLINE)
     cluster.kill("n1", signal.SIGKILL)  # the supervisors run on without their agent
     (tmp_path / "release").touch()
     wait_for(lambda: _stamped(tmp_path / "start"), "second to start", DEADLINE)
