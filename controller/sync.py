@@ -187,7 +187,7 @@ class Syncer:
             return None  # the file changed: this is the sync's own change, not drift
         if action.current is None:
             return DELETED_BY_HAND
-        return f"{_changed_field(action.current, action.desired)} changed by hand"
+        return f"{planning.changed_field(action.current, action.desired)} changed by hand"
 
     def _set_options(self, source_hash: str | None = None) -> applysets.SetOptions:
         return applysets.SetOptions(
@@ -348,15 +348,3 @@ def _locate(texts: dict[str, str], message: str) -> applyset.SourceError:
 
 def _source_fingerprint(m: manifest.Manifest) -> Fingerprint:
     return planning.applied_fingerprint(m.obj.wire())
-
-
-def _changed_field(current: meta.Resource, desired: meta.Resource) -> str:
-    """The first field apply decides (spec, labels, annotations) that differs."""
-    old, new = current.wire(), desired.wire()
-    if old.get("spec") != new.get("spec"):
-        return planning.first_difference("spec", old.get("spec"), new.get("spec"))
-    for part in ("labels", "annotations"):
-        before, after = old["metadata"].get(part, {}), new["metadata"].get(part, {})
-        if before != after:
-            return planning.first_difference(f"metadata.{part}", before, after)
-    return "metadata"

@@ -83,7 +83,7 @@ def plan(
         elif force:
             actions.append(Action("replaced", m.source, desired, existing))
         elif deleting or frozen is None:  # (frozen is None only for one being deleted)
-            raise _being_deleted(m, existing, frozen or _changed_path(existing, desired))
+            raise _being_deleted(m, existing, frozen or changed_field(existing, desired))
         elif _policy(desired, set_policy) == applyset.RERUN:
             actions.append(
                 _rerun(
@@ -115,14 +115,16 @@ def _being_deleted(m: manifest.Manifest, existing: meta.Resource, frozen: str) -
     )
 
 
-def _changed_path(existing: meta.Resource, desired: meta.Resource) -> str:
-    """The first applied field that differs (`spec`, `metadata.labels`), for a message."""
-    for name in ("spec", "labels", "annotations"):
-        before = existing.spec if name == "spec" else getattr(existing.metadata, name)
-        after = desired.spec if name == "spec" else getattr(desired.metadata, name)
+def changed_field(current: meta.Resource, desired: meta.Resource) -> str:
+    """The first field apply decides (spec, labels, annotations) that differs."""
+    old, new = current.wire(), desired.wire()
+    if old.get("spec") != new.get("spec"):
+        return first_difference("spec", old.get("spec"), new.get("spec"))
+    for part in ("labels", "annotations"):
+        before, after = old["metadata"].get(part, {}), new["metadata"].get(part, {})
         if before != after:
-            return name if name == "spec" else f"metadata.{name}"
-    return "spec"
+            return first_difference(f"metadata.{part}", before, after)
+    return "metadata"
 
 
 def prune(members: Iterable[meta.Resource], manifests: Sequence[manifest.Manifest]) -> list[Action]:

@@ -44,8 +44,15 @@ def _get(database: db.Database, cls: type, name: str) -> object:
         return store.Store(session).get(cls, name, "default")
 
 
-def _attempt_ends(database: db.Database, name: str, exit_code: int, stop: str | None) -> None:
-    """The agent reports an exit; the controller may have asked for a stop meanwhile."""
+def _attempt_ends(
+    database: db.Database,
+    name: str,
+    exit_code: int,
+    stop: str | None,
+    ran: tuple[datetime, datetime] | None = None,
+) -> None:
+    """The agent reports an exit (with `ran`, the start and finish it recorded); the
+    controller may have asked for a stop meanwhile."""
     with database.write() as session:
         writer = store.Store(session)
         attempt = writer.get(binding.Binding, name, "default")
@@ -54,6 +61,8 @@ def _attempt_ends(database: db.Database, name: str, exit_code: int, stop: str | 
         attempt.status.phase = "Exited"
         attempt.status.exit_code = exit_code
         attempt.status.reason = "Completed" if exit_code == 0 else "Error"
+        if ran is not None:
+            attempt.status.start_time, attempt.status.finish_time = ran
         writer.update_status(attempt)
 
 
@@ -119,15 +128,7 @@ def test_a_job_completes_when_its_attempt_ended_not_when_that_was_seen(
         _node(writer, "n1", 1)
         writer.create(make_job("early").build())
     _schedule(database)
-    with database.write() as session:
-        writer = store.Store(session)
-        attempt = writer.get(binding.Binding, "early-1", "default")
-        attempt.status.phase = "Exited"
-        attempt.status.exit_code = code
-        attempt.status.reason = "Completed" if code == 0 else "Error"
-        attempt.status.start_time = T0
-        attempt.status.finish_time = T0 + timedelta(seconds=3)
-        writer.update_status(attempt)
+    _attempt_ends(database, "early-1", code, stop=None, ran=(T0, T0 + timedelta(seconds=3)))
     _reconcile(database, "early", now=T0 + timedelta(seconds=19))
     done = _get(database, job.Job, "early")
     assert isinstance(done, job.Job)
@@ -289,15 +290,7 @@ def test_a_ttl_counts_from_when_the_controller_saw_the_job_finish(database: db.D
     early.spec.ttl_seconds_after_finished = 60
     _stored_on_n1(database, 1, early)
     _schedule(database)
-    with database.write() as session:
-        writer = store.Store(session)
-        attempt = writer.get(binding.Binding, "early-1", "default")
-        attempt.status.phase = "Exited"
-        attempt.status.exit_code = 0
-        attempt.status.reason = "Completed"
-        attempt.status.start_time = T0
-        attempt.status.finish_time = T0 + timedelta(seconds=1)
-        writer.update_status(attempt)
+    _attempt_ends(database, "early-1", 0, stop=None, ran=(T0, T0 + timedelta(seconds=1)))
     seen = T0 + timedelta(minutes=10)  # the controller was down until then
     _reconcile(database, "early", seen)
     done = _get(database, job.Job, "early")

@@ -110,7 +110,7 @@ def test_a_sweep_being_deleted_refuses_a_change() -> None:
     snapshot: dict[applysets.Key, meta.Resource] = {applysets.key_of(stored): stored}
     with pytest.raises(errors.Forbidden) as caught:
         planning.plan([manifest.Manifest(SOURCE, changed)], snapshot, False)
-    assert "spec: cannot change a Sweep that is being deleted" in str(caught.value)
+    assert "spec.items: cannot change a Sweep that is being deleted" in str(caught.value)
     (forced,) = planning.plan([manifest.Manifest(SOURCE, changed)], snapshot, True)
     assert forced.verb == "replaced"  # made anew once the old one is gone
     same = stored.model_copy(update={"metadata": stored.metadata.model_copy()})

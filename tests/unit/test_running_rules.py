@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from controller import outcomes
-from gctl.api import binding, errors
+from gctl.api import binding, errors, job
 from nodeagent import launches, runtime, supervisor
 from tests.builders import make_binding, make_job
 
@@ -51,12 +51,10 @@ def test_command_argv(command: list[str] | str, argv: list[str]) -> None:
     assert launches.command_argv(spec, "0,1", {}) == argv
 
 
-def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
-    owner = make_job("j").in_namespace("default").build()
-    owner.spec.env = {"MY_GPUS": "{gpus}", "DEVICES": "cuda:{gpus}", "PLAIN": "x"}
+def _launch_on_gpus_2_3(tmp_path: Path, owner: job.Job) -> runtime.Launch:
     node = runtime.Runtime(tmp_path / "state")
     try:
-        launch = launches.launch_for(
+        return launches.launch_for(
             node,
             launches.Settings("node-1", 30.0, None, 0.0),
             make_binding("j", "n", [2, 3]),
@@ -64,6 +62,12 @@ def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
         )
     finally:
         node.close()
+
+
+def test_gpus_in_an_env_value_becomes_the_gpu_list(tmp_path: Path) -> None:
+    owner = make_job("j").in_namespace("default").build()
+    owner.spec.env = {"MY_GPUS": "{gpus}", "DEVICES": "cuda:{gpus}", "PLAIN": "x"}
+    launch = _launch_on_gpus_2_3(tmp_path, owner)
     assert (launch.env["MY_GPUS"], launch.env["DEVICES"], launch.env["PLAIN"]) == (
         "2,3",
         "cuda:2,3",
@@ -76,16 +80,7 @@ def test_gpus_in_the_working_dir_and_success_file_become_the_gpu_list(tmp_path: 
     owner = make_job("j").in_namespace("default").build()
     owner.spec.working_dir = "/runs/gpus-{gpus}"
     owner.spec.success_file = "done-{gpus}"
-    node = runtime.Runtime(tmp_path / "state")
-    try:
-        launch = launches.launch_for(
-            node,
-            launches.Settings("node-1", 30.0, None, 0.0),
-            make_binding("j", "n", [2, 3]),
-            owner,
-        )
-    finally:
-        node.close()
+    launch = _launch_on_gpus_2_3(tmp_path, owner)
     assert (launch.cwd, launch.success_file) == ("/runs/gpus-2,3", "done-2,3")
 
 
