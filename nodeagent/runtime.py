@@ -221,7 +221,7 @@ class Runtime:
                 or "the supervisor died before starting the job",
             )
         if damaged:  # not the supervisor's doing: it writes each record whole, by a rename
-            what = " and ".join(f"{os.path.basename(path)}" for path in damaged)
+            what = " and ".join(os.path.basename(path) for path in damaged)
             message = f"its supervisor ended, and its {what} cannot be read (empty or damaged)"
         else:
             message = "the supervisor died without recording the exit"
